@@ -1,0 +1,38 @@
+"""Durable background jobs for Django, in the database the project already has."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__all__ = [
+    "JobContext",
+    "RetryPolicy",
+    "job",
+    "start",
+    "start_many",
+]
+
+if TYPE_CHECKING:
+    from .api import start, start_many
+    from .context import JobContext
+    from .registry import job
+    from .retry import RetryPolicy
+
+_LAZY = {
+    "start": "api",
+    "start_many": "api",
+    "JobContext": "context",
+    "job": "registry",
+    "RetryPolicy": "retry",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy, so ``import django_jobs`` works before Django's app registry is ready
+    # (settings files import RetryPolicy; models cannot be imported that early).
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'django_jobs' has no attribute {name!r}")
+    from importlib import import_module
+
+    return getattr(import_module(f".{module}", __name__), name)

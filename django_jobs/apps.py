@@ -1,0 +1,16 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+from django.utils.translation import gettext_lazy as _
+
+
+class DjangoJobsConfig(AppConfig):
+    name = "django_jobs"
+    verbose_name = _("Jobs")
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from . import checks  # noqa: F401 - registers the system checks
+        from .registry import autodiscover
+
+        autodiscover()

@@ -1,0 +1,87 @@
+"""System checks: django_jobs.E001... (errors) and django_jobs.W001... (warnings)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.db import connections
+
+from . import conf
+
+
+@register()
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Validate ``settings.DJANGO_JOBS`` and the Django settings the app relies on."""
+    messages: list[CheckMessage] = [
+        Error(
+            f"DJANGO_JOBS: {problem}.",
+            hint="Valid keys: " + ", ".join(conf.DEFAULTS) + " (see docs/settings.md).",
+            id="django_jobs.E001",
+        )
+        for problem in conf.problems()
+    ]
+    if messages:
+        return messages
+    current = conf.get()
+    if current.DATABASE not in settings.DATABASES:
+        messages.append(
+            Error(
+                f"DJANGO_JOBS['DATABASE'] is {current.DATABASE!r}, which is not in DATABASES.",
+                hint="Name one of the aliases of settings.DATABASES.",
+                id="django_jobs.E002",
+            )
+        )
+    if current.STALE_THRESHOLD < 3 * current.HEARTBEAT_INTERVAL:
+        messages.append(
+            Error(
+                f"DJANGO_JOBS['STALE_THRESHOLD'] ({current.STALE_THRESHOLD:g}s) is less than three "
+                f"heartbeats ({current.HEARTBEAT_INTERVAL:g}s each): live workers would be "
+                "taken for dead and their runs executed twice.",
+                hint="Raise STALE_THRESHOLD to at least 3 × HEARTBEAT_INTERVAL.",
+                id="django_jobs.E003",
+            )
+        )
+    if not settings.USE_TZ:
+        messages.append(
+            Error(
+                "django_jobs needs USE_TZ = True: run times and leases are aware datetimes.",
+                hint="Set USE_TZ = True in your settings.",
+                id="django_jobs.E004",
+            )
+        )
+    return messages
+
+
+@register(Tags.database)
+def check_databases(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Check the jobs database can lock rows with SKIP LOCKED (run by migrate and the worker)."""
+    alias = conf.get().DATABASE
+    if databases is None or alias not in databases or alias not in settings.DATABASES:
+        return []
+    return check_database(alias)
+
+
+def check_database(alias: str) -> list[CheckMessage]:
+    """Return the messages about database ``alias`` as the jobs database."""
+    features = connections[alias].features
+    if features.has_select_for_update_skip_locked:
+        return []
+    if connections[alias].vendor == "sqlite":
+        return [
+            Warning(
+                "The jobs database is SQLite, which has no row locks: run one worker "
+                "process only (threads are fine), or runs may execute twice.",
+                hint="Use PostgreSQL for more than one worker process.",
+                id="django_jobs.W001",
+            )
+        ]
+    return [
+        Error(
+            f"The jobs database {alias!r} ({connections[alias].vendor}) does not support "
+            "SELECT ... FOR UPDATE SKIP LOCKED, which claiming runs needs.",
+            hint="Use PostgreSQL (or MariaDB 10.6+ / MySQL 8).",
+            id="django_jobs.E005",
+        )
+    ]

@@ -1,0 +1,251 @@
+"""Every statement that locks or fences job rows, so the locking story reads in one file.
+
+The rules (DESIGN.md 1-5) in short:
+
+* A claim is one short transaction: ``SELECT ... FOR UPDATE SKIP LOCKED`` picks due
+  rows no other transaction holds, an ``UPDATE`` marks them running under a fresh
+  lease token, and the commit releases the row locks. No handler runs inside it.
+* Every later write to a claimed run (outcome, reschedule, release) is one
+  conditional ``UPDATE ... WHERE id = %s AND status = 'running' AND lease_token = %s``.
+  A rowcount of 0 means the claim was lost (rescued, canceled, timed out): the
+  caller writes nothing else and logs it.
+* Lease ages are compared with the database clock (``Now()``), never a worker's.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.db import transaction
+from django.db.models import DateTimeField, ExpressionWrapper, F, Q, Value
+from django.db.models.functions import Now
+
+from . import conf
+from .models import JobRun, Status, Worker, WorkerStatus
+
+# The columns a worker needs to execute a claimed run; read in the claim itself.
+CLAIM_FIELDS = (
+    "id",
+    "job_type",
+    "pool",
+    "priority",
+    "input",
+    "attempts",
+    "max_attempts",
+    "tenant_id",
+    "parent_id",
+    "root_id",
+    "created_at",
+    "run_at",
+)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A run this worker holds: the row as claimed, plus the lease that fences it."""
+
+    row: dict[str, Any]
+    lease_token: uuid.UUID
+
+    @property
+    def run_id(self) -> int:
+        return int(self.row["id"])
+
+    @property
+    def attempt(self) -> int:
+        return int(self.row["attempts"])
+
+
+def _using() -> str:
+    return conf.get().DATABASE
+
+
+def _runs() -> Any:
+    return JobRun.objects.using(_using())
+
+
+def _after(seconds: float) -> ExpressionWrapper:
+    """``now() + seconds`` on the database clock."""
+    return ExpressionWrapper(
+        Now() + Value(timedelta(seconds=seconds)), output_field=DateTimeField()
+    )
+
+
+# --- claiming -------------------------------------------------------------------------
+
+
+def claim_batch(worker_id: uuid.UUID, pools: Sequence[str] | None, limit: int) -> list[Claim]:
+    """Claim up to ``limit`` due runs of ``pools`` (all pools when None) for this worker.
+
+    Highest priority first, then the oldest ``run_at``. The attempt is counted
+    here, at claim, so a run that kills its worker still spends its attempts.
+    """
+    if limit <= 0:
+        return []
+    runs = _runs().filter(status=Status.PENDING, run_at__lte=Now())
+    if pools is not None:
+        runs = runs.filter(pool__in=pools)
+    token = uuid.uuid4()
+    with transaction.atomic(using=_using()):
+        # SKIP LOCKED: rows another worker is claiming right now are passed over
+        # instead of waited for, so claimers never queue behind each other and
+        # never both get one row. The filter and order match the partial index
+        # django_jobs_run_claim, so the cost does not grow with finished history.
+        rows = list(
+            runs.order_by("-priority", "run_at")
+            .select_for_update(skip_locked=True)
+            .values(*CLAIM_FIELDS)[:limit]
+        )
+        if not rows:
+            return []
+        # The rows stay locked by this transaction until commit, so this UPDATE
+        # cannot race another claimer; the status condition is belt and braces.
+        _runs().filter(pk__in=[row["id"] for row in rows], status=Status.PENDING).update(
+            status=Status.RUNNING,
+            attempts=F("attempts") + 1,
+            claimed_by_id=worker_id,
+            lease_token=token,
+            started_at=Now(),
+        )
+    for row in rows:
+        row["attempts"] += 1
+    return [Claim(row=row, lease_token=token) for row in rows]
+
+
+# --- fenced outcome writes ------------------------------------------------------------
+
+
+def _fenced(claim: Claim) -> Any:
+    return _runs().filter(pk=claim.run_id, status=Status.RUNNING, lease_token=claim.lease_token)
+
+
+def complete(claim: Claim, output: Any) -> bool:
+    """Mark the run completed with ``output``; False when the lease was lost."""
+    return bool(
+        _fenced(claim).update(
+            status=Status.COMPLETED, output=output, finished_at=Now(), lease_token=None
+        )
+    )
+
+
+def fail(claim: Claim, error: dict[str, Any]) -> bool:
+    """Mark the run failed for good; False when the lease was lost."""
+    return bool(
+        _fenced(claim).update(
+            status=Status.FAILED, error=error, finished_at=Now(), lease_token=None
+        )
+    )
+
+
+def reschedule(claim: Claim, error: dict[str, Any], delay: float) -> bool:
+    """Put the run back to pending, due ``delay`` seconds from now; False when lost."""
+    return bool(
+        _fenced(claim).update(
+            status=Status.PENDING,
+            error=error,
+            run_at=_after(delay),
+            lease_token=None,
+            claimed_by=None,
+        )
+    )
+
+
+def release(worker_id: uuid.UUID, claims: Iterable[Claim]) -> int:
+    """Give this worker's unfinished runs back to pending without spending an attempt.
+
+    Only rows this worker still holds under the same lease are touched: never
+    another worker's runs (the reference worker's flaw).
+    """
+    fence = Q()
+    for claim in claims:
+        fence |= Q(pk=claim.run_id, lease_token=claim.lease_token)
+    if not fence:
+        return 0
+    return int(
+        _runs()
+        .filter(fence, status=Status.RUNNING, claimed_by_id=worker_id)
+        .update(
+            status=Status.PENDING,
+            attempts=F("attempts") - 1,
+            run_at=Now(),
+            lease_token=None,
+            claimed_by=None,
+        )
+    )
+
+
+# --- workers, heartbeats and rescue ---------------------------------------------------
+
+
+def register_worker(hostname: str, pid: int, pools: Sequence[str] | None, concurrency: int) -> Worker:
+    worker = Worker(hostname=hostname, pid=pid, pools=list(pools or []), concurrency=concurrency)
+    worker.save(using=_using(), force_insert=True)
+    return worker
+
+
+def heartbeat(worker_id: uuid.UUID, status: str) -> bool:
+    """Record that this worker is alive; False when its row is gone."""
+    return bool(
+        Worker.objects.using(_using())
+        .filter(pk=worker_id)
+        .update(heartbeat_at=Now(), status=status)
+    )
+
+
+def stop_worker(worker_id: uuid.UUID) -> None:
+    Worker.objects.using(_using()).filter(pk=worker_id).update(
+        status=WorkerStatus.STOPPED, stopped_at=Now(), heartbeat_at=Now()
+    )
+
+
+def rescue_stale(pools: Sequence[str] | None, stale_after: float, limit: int = 500) -> tuple[int, int]:
+    """Take back running runs of workers silent for ``stale_after`` seconds.
+
+    Liveness is the holder's heartbeat, never the run's age: a long job on a live
+    worker is left alone however long it runs. Runs with attempts left go back
+    to pending; runs that spent them end failed. Returns (requeued, failed).
+    Safe in parallel: rows another sweeper holds are skipped, and every UPDATE
+    re-checks ``status = 'running'``.
+    """
+    cutoff = ExpressionWrapper(Now() - Value(timedelta(seconds=stale_after)), output_field=DateTimeField())
+    stale = Q(claimed_by__isnull=True) | Q(claimed_by__heartbeat_at__lt=cutoff)
+    runs = _runs().filter(stale, status=Status.RUNNING)
+    if pools is not None:
+        runs = runs.filter(pool__in=pools)
+    # Its own statement, outside the transaction below: no worker row stays locked
+    # while runs are being swept.
+    Worker.objects.using(_using()).filter(
+        status__in=[WorkerStatus.RUNNING, WorkerStatus.STOPPING], heartbeat_at__lt=cutoff
+    ).update(status=WorkerStatus.LOST)
+    with transaction.atomic(using=_using()):
+        rows = list(
+            runs.select_for_update(skip_locked=True, of=("self",)).values(
+                "id", "attempts", "max_attempts", "claimed_by_id"
+            )[:limit]
+        )
+        if not rows:
+            return 0, 0
+        spent = [row["id"] for row in rows if row["attempts"] >= row["max_attempts"]]
+        again = [row["id"] for row in rows if row["attempts"] < row["max_attempts"]]
+        requeued = _runs().filter(pk__in=again, status=Status.RUNNING).update(
+            status=Status.PENDING, run_at=Now(), lease_token=None, claimed_by=None
+        )
+        failed = 0
+        if spent:
+            failed = _runs().filter(pk__in=spent, status=Status.RUNNING).update(
+                status=Status.FAILED,
+                finished_at=Now(),
+                lease_token=None,
+                error={
+                    "type": "WorkerLost",
+                    "message": "the worker running this run stopped heartbeating and "
+                    "the run has no attempts left",
+                    "traceback": "",
+                    "attempt": None,
+                },
+            )
+    return int(requeued), int(failed)

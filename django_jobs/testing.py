@@ -1,0 +1,30 @@
+"""Helpers for users' own tests."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from . import claims
+from .execution import execute
+
+
+def drain(pool: str | None = None, *, batch_size: int = 100) -> int:
+    """Run due runs in this process, one after another, until none is due; return how many ran.
+
+    ``pool=None`` drains every pool. Runs that retry with a backoff become due
+    later and are not waited for; runs are claimed and recorded exactly as a
+    worker would (attempts, leases, fenced outcomes), under a short-lived
+    Worker row named after this process.
+    """
+    pools = None if pool is None else [pool]
+    worker = claims.register_worker(f"{socket.gethostname()} (drain)", os.getpid(), pools, 1)
+    ran = 0
+    try:
+        while batch := claims.claim_batch(worker.pk, pools, batch_size):
+            for claim in batch:
+                execute(claim)
+                ran += 1
+    finally:
+        claims.stop_worker(worker.pk)
+    return ran

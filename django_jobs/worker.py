@@ -1,0 +1,246 @@
+"""The worker loop: claim in batches, run in threads, heartbeat, rescue, drain.
+
+No argparse and no printing here: ``runjobworker`` turns flags into a ``Worker``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from types import FrameType
+
+from django.db import DatabaseError, connections
+
+from . import claims, conf
+from .claims import Claim
+from .execution import discard_broken_connections, execute
+from .models import WorkerStatus
+
+logger = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_RELEASED = 1  # the drain ran out of time (or a second signal came): runs were released
+
+
+class Worker:
+    """One worker process's engine. ``run()`` blocks until it stops and returns an exit code."""
+
+    def __init__(
+        self,
+        pools: Sequence[str],
+        *,
+        concurrency: int = 1,
+        burst: bool = False,
+        max_runs: int | None = None,
+        poll_interval: float | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+        if not pools:
+            raise ValueError("a worker needs at least one pool")
+        self.pools = list(dict.fromkeys(pools))
+        self.concurrency = concurrency
+        self.burst = burst
+        self.max_runs = max_runs
+        settings = conf.get()
+        self.poll_interval = settings.POLL_INTERVAL if poll_interval is None else poll_interval
+        self.heartbeat_interval = settings.HEARTBEAT_INTERVAL
+        self.stale_threshold = settings.STALE_THRESHOLD
+        self.shutdown_timeout = settings.SHUTDOWN_TIMEOUT
+        self.worker_id: uuid.UUID | None = None
+        self.stopping = threading.Event()  # first signal: claim nothing more, drain
+        self.hard_stop = threading.Event()  # second signal or drain timeout: give runs back
+        self._wake = threading.Event()
+        self._slots = threading.Condition()
+        self._in_flight: dict[int, Claim] = {}
+        self._queue: queue.SimpleQueue[Claim | None] = queue.SimpleQueue()
+        self.claimed = 0
+        self.finished = 0
+
+    # --- lifecycle ----------------------------------------------------------------
+
+    def run(self) -> int:
+        """Work until told to stop (or, in burst mode, until nothing is due)."""
+        worker = claims.register_worker(socket.gethostname(), os.getpid(), self.pools, self.concurrency)
+        self.worker_id = worker.pk
+        logger.info(
+            "worker=%s started pools=%s concurrency=%d", self.worker_id, ",".join(self.pools),
+            self.concurrency,
+        )
+        threads = [self._start(self._run_slot, f"django-jobs-slot-{i}") for i in range(self.concurrency)]
+        beat = self._start(self._heartbeat_loop, "django-jobs-heartbeat")
+        try:
+            self._claim_loop()
+            code = self._drain()
+        finally:
+            for _ in threads:
+                self._queue.put(None)
+            self.hard_stop.set()
+            beat.join(timeout=5)
+            self._quietly(lambda: claims.stop_worker(self.worker_id))  # type: ignore[arg-type]
+            connections.close_all()
+        logger.info(
+            "worker=%s stopped claimed=%d finished=%d exit=%d", self.worker_id, self.claimed,
+            self.finished, code,
+        )
+        return code
+
+    def request_stop(self) -> None:
+        """Stop claiming and drain; asked a second time, give the runs back and stop now."""
+        if self.stopping.is_set():
+            self.hard_stop.set()
+        self.stopping.set()
+        self._wake.set()
+        with self._slots:
+            self._slots.notify_all()
+
+    def install_signal_handlers(self) -> None:
+        """Make SIGTERM and SIGINT call ``request_stop`` (main thread only)."""
+
+        def handle(signum: int, frame: FrameType | None) -> None:
+            logger.info("worker=%s got %s", self.worker_id, signal.Signals(signum).name)
+            self.request_stop()
+
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)
+
+    # --- claiming -----------------------------------------------------------------
+
+    def _claim_loop(self) -> None:
+        failures = 0
+        while not self.stopping.is_set():
+            if self.max_runs is not None and self.claimed >= self.max_runs:
+                return
+            free = self._wait_for_free_slots()
+            if free == 0:
+                continue
+            try:
+                batch = claims.claim_batch(self.worker_id, self.pools, free)  # type: ignore[arg-type]
+                failures = 0
+            except DatabaseError as exc:
+                failures += 1
+                pause = min(0.5 * 2**failures, 10.0)
+                logger.warning("worker=%s claim failed (%s); retrying in %.1fs", self.worker_id, exc, pause)
+                discard_broken_connections()
+                self.stopping.wait(pause)
+                continue
+            self._dispatch(batch)
+            if batch:
+                logger.debug("worker=%s claimed=%d", self.worker_id, len(batch))
+            if len(batch) < free and self._idle_done():
+                return
+
+    def _wait_for_free_slots(self) -> int:
+        """Block until a slot is free (or the worker stops); return how many may be claimed."""
+        with self._slots:
+            while len(self._in_flight) >= self.concurrency and not self.stopping.is_set():
+                self._slots.wait(timeout=self.poll_interval)
+            free = self.concurrency - len(self._in_flight)
+        if self.max_runs is not None:
+            free = min(free, self.max_runs - self.claimed)
+        return 0 if self.stopping.is_set() else free
+
+    def _idle_done(self) -> bool:
+        """After a short claim: decide whether to stop (burst, max runs) or wait a poll interval."""
+        if self.max_runs is not None and self.claimed >= self.max_runs:
+            return True
+        if self.burst:
+            with self._slots:
+                if not self._in_flight:
+                    return True
+                # Something is still running and may schedule more: wait for it.
+                self._slots.wait(timeout=self.poll_interval)
+            return False
+        self._wake.wait(self.poll_interval)
+        self._wake.clear()
+        return False
+
+    def _dispatch(self, batch: list[Claim]) -> None:
+        with self._slots:
+            for claim in batch:
+                self._in_flight[claim.run_id] = claim
+        self.claimed += len(batch)
+        for claim in batch:
+            self._queue.put(claim)
+
+    # --- running ------------------------------------------------------------------
+
+    def _run_slot(self) -> None:
+        """One thread of the pool: run claims one after another on one kept connection."""
+        while (claim := self._queue.get()) is not None:
+            try:
+                execute(claim, stop=self.hard_stop)
+            except Exception:
+                logger.exception("run=%s crashed the executor", claim.run_id)
+            finally:
+                with self._slots:
+                    self._in_flight.pop(claim.run_id, None)
+                    self.finished += 1
+                    self._slots.notify_all()
+        connections.close_all()
+
+    # --- heartbeat and rescue -----------------------------------------------------
+
+    def _heartbeat_loop(self) -> None:
+        while True:
+            status = WorkerStatus.STOPPING if self.stopping.is_set() else WorkerStatus.RUNNING
+            self._quietly(lambda: claims.heartbeat(self.worker_id, status))  # type: ignore[arg-type]
+            self._quietly(self._rescue)
+            if self.hard_stop.wait(self.heartbeat_interval):
+                break
+        connections.close_all()
+
+    def _rescue(self) -> None:
+        requeued, failed = claims.rescue_stale(self.pools, self.stale_threshold)
+        if requeued or failed:
+            logger.warning(
+                "worker=%s rescued runs of stale workers requeued=%d failed=%d",
+                self.worker_id, requeued, failed,
+            )
+            self._wake.set()
+
+    # --- shutdown -----------------------------------------------------------------
+
+    def _drain(self) -> int:
+        """Wait for in-flight runs up to the shutdown timeout, then release the rest."""
+        deadline = time.monotonic() + self.shutdown_timeout
+        with self._slots:
+            while self._in_flight and not self.hard_stop.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._slots.wait(timeout=min(left, 0.5))
+            leftover = list(self._in_flight.values())
+        if not leftover:
+            return EXIT_OK
+        self.hard_stop.set()
+        released = self._quietly(lambda: claims.release(self.worker_id, leftover))  # type: ignore[arg-type]
+        logger.warning(
+            "worker=%s released %s unfinished runs back to pending: %s",
+            self.worker_id, released, ",".join(str(c.run_id) for c in leftover),
+        )
+        return EXIT_RELEASED
+
+    # --- helpers ------------------------------------------------------------------
+
+    @staticmethod
+    def _start(target: object, name: str) -> threading.Thread:
+        thread = threading.Thread(target=target, name=name, daemon=True)  # type: ignore[arg-type]
+        thread.start()
+        return thread
+
+    def _quietly(self, fn: object) -> object:
+        """Call ``fn``; log a database error instead of raising (the loop goes on)."""
+        try:
+            return fn()  # type: ignore[operator]
+        except DatabaseError as exc:
+            logger.warning("worker=%s database error: %s", self.worker_id, exc)
+            discard_broken_connections()
+            return None

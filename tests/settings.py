@@ -1,0 +1,62 @@
+"""Settings for the test suite: PostgreSQL from DATABASE_URL, or an embedded server."""
+
+from __future__ import annotations
+
+import os
+
+import environ
+
+from django_jobs.embedded import database_url
+
+SECRET_KEY = "django-jobs-tests"  # noqa: S105 - tests only
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django_jobs",
+    "tests.testapp",
+]
+
+_db = environ.Env.db_url_config(database_url())
+_db["TEST"] = {"NAME": os.environ.get("DJANGO_JOBS_TEST_DB", "test_django_jobs")}
+# Worker subprocesses started by the process tests connect to the test database
+# the pytest process created; it tells them its name through this variable.
+if os.environ.get("DJANGO_JOBS_USE_DB"):
+    _db["NAME"] = os.environ["DJANGO_JOBS_USE_DB"]
+DATABASES = {"default": _db}
+
+DJANGO_JOBS = {
+    "POLL_INTERVAL": float(os.environ.get("DJANGO_JOBS_POLL_INTERVAL", "0.1")),
+    "HEARTBEAT_INTERVAL": float(os.environ.get("DJANGO_JOBS_HEARTBEAT_INTERVAL", "1")),
+    "STALE_THRESHOLD": float(os.environ.get("DJANGO_JOBS_STALE_THRESHOLD", "3")),
+    "SHUTDOWN_TIMEOUT": float(os.environ.get("DJANGO_JOBS_SHUTDOWN_TIMEOUT", "10")),
+}
+
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+ROOT_URLCONF = "tests.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+LOGGING_CONFIG = None
