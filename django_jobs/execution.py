@@ -53,10 +53,11 @@ def execute(claim: Claim, *, stop: threading.Event | None = None) -> Outcome:
     except UnknownJobType as exc:
         # start() refuses unknown types, so this is a deploy where this worker
         # lacks a handler the enqueuer had. Fail it visibly; it can be retried.
-        outcome = _settle(claim, lambda: claims.fail(claim, error_record(exc, claim.attempt, retryable=False)), stop)
-        _log(claim, outcome, started)
-        return outcome
-    outcome = _settle(claim, _run_handler(handler, claim), stop)
+        error = error_record(exc, claim.attempt, retryable=False)
+        write = lambda: _flag(claims.fail(claim, error), Outcome.FAILED)  # noqa: E731
+    else:
+        write = _run_handler(handler, claim)
+    outcome = _settle(claim, write, stop)
     _log(claim, outcome, started)
     return outcome
 

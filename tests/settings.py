@@ -29,7 +29,11 @@ _db["TEST"] = {"NAME": os.environ.get("DJANGO_JOBS_TEST_DB", "test_django_jobs")
 # the pytest process created; it tells them its name through this variable.
 if os.environ.get("DJANGO_JOBS_USE_DB"):
     _db["NAME"] = os.environ["DJANGO_JOBS_USE_DB"]
-DATABASES = {"default": _db}
+DATABASES = {
+    "default": _db,
+    # Only for the system check that warns about SQLite; no test writes to it.
+    "sqlite": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"},
+}
 
 DJANGO_JOBS = {
     "POLL_INTERVAL": float(os.environ.get("DJANGO_JOBS_POLL_INTERVAL", "0.1")),

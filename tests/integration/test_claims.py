@@ -1,0 +1,238 @@
+"""Claiming, fencing, rescue and release against real PostgreSQL connections."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connections, transaction
+from django.utils import timezone
+
+from django_jobs import claims, start_many
+from django_jobs.claims import Claim
+from django_jobs.models import JobRun, Status, Worker, WorkerStatus
+from tests.factories import JobRunFactory, RunningJobRunFactory, WorkerFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def in_thread(fn: Any) -> Any:
+    """Run ``fn`` on another thread, hence another database connection."""
+    def wrapper(*args: Any) -> Any:
+        try:
+            return fn(*args)
+        finally:
+            connections.close_all()
+    return wrapper
+
+
+def test_skip_locked_passes_over_rows_another_transaction_is_claiming() -> None:
+    worker_a, worker_b = WorkerFactory(), WorkerFactory()
+    start_many("tests.noop", [{} for _ in range(10)])
+    a_claimed = threading.Event()
+    b_done = threading.Event()
+    result: dict[str, list[int]] = {}
+
+    @in_thread
+    def claimer_a() -> None:
+        # Hold the claim transaction open until B has claimed: A's rows stay locked.
+        with transaction.atomic():
+            result["a"] = [c.run_id for c in claims.claim_batch(worker_a.pk, ["default"], 4)]
+            a_claimed.set()
+            assert b_done.wait(10)
+
+    @in_thread
+    def claimer_b() -> None:
+        assert a_claimed.wait(10)
+        result["b"] = [c.run_id for c in claims.claim_batch(worker_b.pk, ["default"], 10)]
+        b_done.set()
+
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(claimer_a), pool.submit(claimer_b)]
+        for future in futures:
+            future.result(timeout=20)
+    assert len(result["a"]) == 4
+    assert len(result["b"]) == 6
+    assert not set(result["a"]) & set(result["b"])
+    assert set(JobRun.objects.values_list("claimed_by_id", flat=True)) == {worker_a.pk, worker_b.pk}
+
+
+def test_racing_claimers_never_share_a_run() -> None:
+    workers = [WorkerFactory() for _ in range(6)]
+    ids = {run.pk for run in start_many("tests.noop", [{} for _ in range(600)])}
+
+    @in_thread
+    def drain_ids(worker: Worker) -> list[int]:
+        got: list[int] = []
+        while batch := claims.claim_batch(worker.pk, ["default"], 7):
+            got.extend(c.run_id for c in batch)
+        return got
+
+    with ThreadPoolExecutor(len(workers)) as pool:
+        results = list(pool.map(drain_ids, workers, timeout=60))
+    claimed = [run_id for got in results for run_id in got]
+    assert len(claimed) == len(set(claimed)) == 600
+    assert set(claimed) == ids
+    assert sum(1 for got in results if got) > 1, "expected the claims to interleave"
+
+
+def test_batch_honours_priority_then_run_at_and_skips_future_runs() -> None:
+    now = timezone.now()
+    late_high = JobRunFactory(priority=5, run_at=now - timedelta(seconds=1))
+    early_high = JobRunFactory(priority=5, run_at=now - timedelta(seconds=10))
+    low = JobRunFactory(priority=-1, run_at=now - timedelta(hours=1))
+    mid = JobRunFactory(priority=0, run_at=now - timedelta(seconds=5))
+    JobRunFactory(priority=9, run_at=now + timedelta(hours=1))  # not due
+    JobRunFactory(priority=9, pool="elsewhere")  # other pool
+    JobRunFactory(priority=9, status=Status.COMPLETED)
+    worker = WorkerFactory()
+    batch = claims.claim_batch(worker.pk, ["default"], 3)
+    assert [c.run_id for c in batch] == [early_high.pk, late_high.pk, mid.pk]
+    assert [c.run_id for c in claims.claim_batch(worker.pk, ["default"], 3)] == [low.pk]
+
+
+def test_claim_counts_the_attempt_and_takes_a_lease() -> None:
+    worker = WorkerFactory()
+    run = JobRunFactory(attempts=1)
+    (claim,) = claims.claim_batch(worker.pk, ["default"], 5)
+    run.refresh_from_db()
+    assert (run.status, run.attempts, claim.attempt) == (Status.RUNNING, 2, 2)
+    assert run.claimed_by_id == worker.pk
+    assert run.lease_token == claim.lease_token
+    assert run.started_at is not None
+
+
+def test_claim_is_served_by_the_partial_index() -> None:
+    start_many("tests.noop", [{} for _ in range(2000)])
+    with connections["default"].cursor() as cursor:
+        cursor.execute("ANALYZE django_jobs_jobrun")
+    query = (
+        JobRun.objects.filter(status="pending", pool__in=["default"], run_at__lte=timezone.now())
+        .order_by("-priority", "run_at")
+        .values("id")[:10]
+    )
+    with transaction.atomic():
+        with connections["default"].cursor() as cursor:
+            cursor.execute("SET LOCAL enable_seqscan = off")
+        plan = query.explain()
+    assert "django_jobs_run_claim" in plan
+
+
+def fenced_claim() -> tuple[Claim, JobRun]:
+    worker = WorkerFactory()
+    JobRunFactory()
+    (claim,) = claims.claim_batch(worker.pk, ["default"], 1)
+    return claim, JobRun.objects.get(pk=claim.run_id)
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda c: claims.complete(c, {"late": True}),
+        lambda c: claims.fail(c, {"type": "X"}),
+        lambda c: claims.reschedule(c, {"type": "X"}, 0),
+    ],
+    ids=["complete", "fail", "reschedule"],
+)
+def test_writes_after_the_lease_changed_write_nothing(write: Any) -> None:
+    claim, run = fenced_claim()
+    # Another worker rescued and re-claimed the run: the lease token changed.
+    new_token = uuid.uuid4()
+    JobRun.objects.filter(pk=run.pk).update(lease_token=new_token)
+    assert write(claim) is False
+    run.refresh_from_db()
+    assert (run.status, run.lease_token, run.output, run.error) == (Status.RUNNING, new_token, None, None)
+
+
+def test_writes_after_the_run_left_running_write_nothing() -> None:
+    claim, run = fenced_claim()
+    JobRun.objects.filter(pk=run.pk).update(status=Status.CANCELED)
+    assert claims.complete(claim, {"late": True}) is False
+    run.refresh_from_db()
+    assert (run.status, run.output) == (Status.CANCELED, None)
+
+
+def test_fenced_writes_land_while_the_lease_holds() -> None:
+    claim, run = fenced_claim()
+    assert claims.complete(claim, {"ok": 1}) is True
+    run.refresh_from_db()
+    assert (run.status, run.output, run.lease_token) == (Status.COMPLETED, {"ok": 1}, None)
+    assert run.finished_at is not None
+
+
+def make_stale(worker: Worker, seconds: float = 3600) -> None:
+    Worker.objects.filter(pk=worker.pk).update(heartbeat_at=timezone.now() - timedelta(seconds=seconds))
+
+
+def test_rescue_takes_only_stale_workers_runs() -> None:
+    stale, live = WorkerFactory(), WorkerFactory()
+    make_stale(stale)
+    lost_retry = RunningJobRunFactory(claimed_by=stale, attempts=1, max_attempts=3)
+    lost_spent = RunningJobRunFactory(claimed_by=stale, attempts=3, max_attempts=3)
+    long_running = RunningJobRunFactory(
+        claimed_by=live, started_at=timezone.now() - timedelta(days=2)
+    )
+    other_pool = RunningJobRunFactory(claimed_by=stale, pool="elsewhere")
+    assert claims.rescue_stale(["default"], stale_after=60) == (1, 1)
+    for run in (lost_retry, lost_spent, long_running, other_pool):
+        run.refresh_from_db()
+    assert (lost_retry.status, lost_retry.attempts, lost_retry.lease_token) == (Status.PENDING, 1, None)
+    assert lost_spent.status == Status.FAILED
+    assert lost_spent.error["type"] == "WorkerLost"
+    assert long_running.status == Status.RUNNING
+    assert other_pool.status == Status.RUNNING
+    assert Worker.objects.get(pk=stale.pk).status == WorkerStatus.LOST
+    assert Worker.objects.get(pk=live.pk).status == WorkerStatus.RUNNING
+
+
+def test_recent_heartbeat_is_not_stale() -> None:
+    worker = WorkerFactory()
+    make_stale(worker, seconds=30)
+    run = RunningJobRunFactory(claimed_by=worker)
+    assert claims.rescue_stale(["default"], stale_after=60) == (0, 0)
+    run.refresh_from_db()
+    assert run.status == Status.RUNNING
+
+
+def test_parallel_sweepers_rescue_each_run_once() -> None:
+    stale = WorkerFactory()
+    make_stale(stale)
+    for _ in range(40):
+        RunningJobRunFactory(claimed_by=stale, max_attempts=5)
+
+    @in_thread
+    def sweep(_: int) -> tuple[int, int]:
+        return claims.rescue_stale(None, stale_after=60)
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(sweep, range(4), timeout=30))
+    assert sum(requeued for requeued, _ in results) == 40
+    assert JobRun.objects.filter(status=Status.PENDING).count() == 40
+
+
+def test_release_gives_back_only_own_runs_without_spending_attempts() -> None:
+    me, other = WorkerFactory(), WorkerFactory()
+    JobRunFactory.create_batch(2)
+    mine = claims.claim_batch(me.pk, ["default"], 2)
+    theirs = RunningJobRunFactory(claimed_by=other)
+    forged = Claim(row={"id": theirs.pk, "attempts": 1}, lease_token=theirs.lease_token)
+    assert claims.release(me.pk, [*mine, forged]) == 2
+    theirs.refresh_from_db()
+    assert theirs.status == Status.RUNNING
+    for claim in mine:
+        run = JobRun.objects.get(pk=claim.run_id)
+        assert (run.status, run.attempts, run.claimed_by_id) == (Status.PENDING, 0, None)
+
+
+def test_heartbeat_updates_the_worker_row() -> None:
+    worker = WorkerFactory()
+    make_stale(worker)
+    assert claims.heartbeat(worker.pk, WorkerStatus.STOPPING) is True
+    worker.refresh_from_db()
+    assert worker.status == WorkerStatus.STOPPING
+    assert timezone.now() - worker.heartbeat_at < timedelta(minutes=1)
+    assert claims.heartbeat(uuid.uuid4(), WorkerStatus.RUNNING) is False

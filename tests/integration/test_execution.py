@@ -1,0 +1,105 @@
+"""One claimed run executed and its outcome recorded (in this process)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from django_jobs import claims, start
+from django_jobs.execution import Outcome, execute
+from django_jobs.models import JobRun, Status
+from django_jobs.testing import drain
+from tests.factories import JobRunFactory, WorkerFactory
+from tests.testapp.models import Execution
+
+pytestmark = pytest.mark.django_db
+
+
+def run_once(job_type: str, input: dict[str, object] | None = None) -> tuple[Outcome, JobRun]:
+    run = start(job_type, input)
+    (claim,) = claims.claim_batch(WorkerFactory().pk, None, 1)
+    assert claim.run_id == run.pk
+    outcome = execute(claim)
+    run.refresh_from_db()
+    return outcome, run
+
+
+def test_success_stores_the_output() -> None:
+    outcome, run = run_once("tests.echo", {"hello": ["world"]})
+    assert outcome is Outcome.COMPLETED
+    assert (run.status, run.output, run.error, run.attempts) == (Status.COMPLETED, {"hello": ["world"]}, None, 1)
+    assert run.finished_at is not None
+
+
+def test_failure_with_attempts_left_is_rescheduled_with_backoff() -> None:
+    before = timezone.now()
+    outcome, run = run_once("tests.backoff")
+    assert outcome is Outcome.RETRY
+    assert (run.status, run.attempts, run.lease_token, run.claimed_by_id) == (Status.PENDING, 1, None, None)
+    assert run.run_at >= before + timedelta(minutes=59)
+    assert run.error["type"] == "builtins.RuntimeError"
+    assert run.error["message"] == "try again in an hour"
+    assert run.error["attempt"] == 1
+    assert "Traceback" in run.error["traceback"]
+    assert run.error["retryable"] is True
+
+
+def test_failure_without_a_policy_fails_for_good() -> None:
+    outcome, run = run_once("tests.system_exit")
+    assert outcome is Outcome.FAILED
+    assert run.status == Status.FAILED
+    assert run.error["type"] == "builtins.SystemExit"
+    assert run.finished_at is not None
+
+
+@pytest.mark.parametrize("coded", [False, True])
+def test_non_retryable_error_fails_at_once(coded: bool) -> None:
+    outcome, run = run_once("tests.permanent", {"coded": coded})
+    assert outcome is Outcome.FAILED
+    assert (run.status, run.attempts, run.max_attempts) == (Status.FAILED, 1, 5)
+    assert run.error["retryable"] is False
+
+
+def test_output_that_is_not_json_fails_the_run() -> None:
+    outcome, run = run_once("tests.bad_output")
+    assert outcome is Outcome.FAILED
+    assert run.status == Status.FAILED
+    assert "not JSON-serializable" in run.error["message"]
+    assert run.output is None
+
+
+def test_unknown_job_type_at_the_worker_fails_clearly() -> None:
+    JobRunFactory(job_type="removed.handler")
+    (claim,) = claims.claim_batch(WorkerFactory().pk, None, 1)
+    assert execute(claim) is Outcome.FAILED
+    run = JobRun.objects.get(pk=claim.run_id)
+    assert run.status == Status.FAILED
+    assert "removed.handler" in run.error["message"]
+
+
+def test_lost_lease_is_reported_and_nothing_written() -> None:
+    start("tests.echo", {"a": 1})
+    (claim,) = claims.claim_batch(WorkerFactory().pk, None, 1)
+    JobRun.objects.filter(pk=claim.run_id).update(status=Status.CANCELED)
+    assert execute(claim) is Outcome.LOST
+    assert JobRun.objects.get(pk=claim.run_id).output is None
+
+
+def test_drain_runs_everything_due_including_immediate_retries() -> None:
+    start("tests.flaky", {"succeed_on": 3})
+    start("tests.echo", {"x": 1})
+    start("tests.noop", run_at=timezone.now() + timedelta(hours=1))
+    assert drain() == 4  # flaky runs three times
+    statuses = dict(JobRun.objects.values_list("job_type", "status"))
+    assert statuses == {"tests.flaky": Status.COMPLETED, "tests.echo": Status.COMPLETED, "tests.noop": Status.PENDING}
+    assert JobRun.objects.get(job_type="tests.flaky").attempts == 3
+    assert Execution.objects.filter(job_type="tests.flaky").count() == 3
+
+
+def test_drain_of_one_pool_leaves_the_others() -> None:
+    start("tests.echo", {})
+    start("tests.noop")
+    assert drain("echo") == 1
+    assert JobRun.objects.get(job_type="tests.noop").status == Status.PENDING

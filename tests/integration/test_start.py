@@ -1,0 +1,152 @@
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from django_jobs import start, start_many
+from django_jobs.exceptions import InvalidJobInput, UnknownJobType
+from django_jobs.models import JobRun, Status
+from tests.testapp.jobs import echo, flaky
+
+pytestmark = pytest.mark.django_db
+
+
+def test_start_stores_a_pending_run_with_handler_defaults() -> None:
+    run = start("tests.flaky", {"succeed_on": 2})
+    run.refresh_from_db()
+    assert run.status == Status.PENDING
+    assert (run.job_type, run.pool, run.priority, run.attempts) == ("tests.flaky", "default", 0, 0)
+    assert run.max_attempts == 3
+    assert run.input == {"succeed_on": 2}
+    assert run.run_at is not None and run.run_at <= timezone.now()
+    assert run.created_at is not None
+
+
+def test_handler_start_uses_its_pool() -> None:
+    run = echo.start({"x": 1})
+    assert run.pool == "echo"
+    assert run.job_type == "tests.echo"
+
+
+def test_input_is_normalised_once_at_enqueue() -> None:
+    when = datetime.datetime(2026, 5, 1, 12, tzinfo=datetime.UTC)
+    run = start("tests.echo", {"when": when, "ids": (1, 2)})
+    assert run.input == {"when": "2026-05-01T12:00:00Z", "ids": [1, 2]}
+    assert JobRun.objects.get(pk=run.pk).input == run.input
+
+
+def test_no_input_means_an_empty_object() -> None:
+    assert start("tests.noop").input == {}
+
+
+def test_start_joins_the_callers_transaction() -> None:
+    with pytest.raises(RuntimeError), transaction.atomic():
+        start("tests.noop")
+        raise RuntimeError("roll back")
+    assert not JobRun.objects.exists()
+
+
+def test_options_are_stored() -> None:
+    when = timezone.now() + datetime.timedelta(hours=1)
+    run = start(
+        "tests.noop", pool="other", priority=-5, run_at=when, concurrency_key="k",
+        tags=["a", "b"], tenant_id="acme",
+    )
+    run.refresh_from_db()
+    assert (run.pool, run.priority, run.run_at, run.concurrency_key) == ("other", -5, when, "k")
+    assert (run.tags, run.tenant_id) == (["a", "b"], "acme")
+
+
+def test_delay_schedules_later() -> None:
+    before = timezone.now()
+    run = start("tests.noop", delay=datetime.timedelta(minutes=5))
+    assert run.run_at >= before + datetime.timedelta(minutes=5)
+
+
+def test_parent_sets_root_and_tenant() -> None:
+    grandparent = start("tests.noop", tenant_id="acme")
+    parent = start("tests.noop", parent=grandparent)
+    child = start("tests.noop", parent=parent.pk)
+    assert (child.parent_id, child.root_id, child.tenant_id) == (parent.pk, grandparent.pk, "acme")
+    assert (child.trigger_source, child.trigger_ref) == ("child", str(parent.pk))
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "error", "message"),
+    [
+        (("nope.never", {}), {}, UnknownJobType, "nope.never"),
+        ((42, {}), {}, UnknownJobType, "42"),
+        (("tests.noop", {"x": object()}), {}, InvalidJobInput, "not JSON"),
+        (("tests.noop", {"x": "\x00"}), {}, InvalidJobInput, "NUL"),
+        (("tests.noop", {}), {"priority": 40_000}, InvalidJobInput, "priority"),
+        (("tests.noop", {}), {"priority": "high"}, InvalidJobInput, "priority"),
+        (("tests.noop", {}), {"run_at": datetime.datetime(2030, 1, 1)}, InvalidJobInput, "naive"),
+        (("tests.noop", {}), {"run_at": "tomorrow"}, InvalidJobInput, "datetime"),
+        (("tests.noop", {}), {"delay": -1}, InvalidJobInput, "delay"),
+        (("tests.noop", {}), {"delay": 1, "run_at": timezone.now()}, InvalidJobInput, "not both"),
+        (("tests.noop", {}), {"pool": ""}, InvalidJobInput, "pool"),
+        (("tests.noop", {}), {"pool": "p" * 101}, InvalidJobInput, "pool"),
+        (("tests.noop", {}), {"tags": "urgent"}, InvalidJobInput, "tags"),
+        (("tests.noop", {}), {"tenant_id": 7}, InvalidJobInput, "tenant_id"),
+    ],
+)
+def test_bad_input_is_refused_and_nothing_is_written(
+    args: tuple[Any, ...], kwargs: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        start(*args, **kwargs)
+    assert not JobRun.objects.exists()
+
+
+def test_sql_looking_text_is_stored_verbatim() -> None:
+    text = "'); DROP TABLE django_jobs_jobrun; --"
+    run = start("tests.echo", {"q": text}, tags=[text], tenant_id=text[:50])
+    run.refresh_from_db()
+    assert run.input == {"q": text}
+    assert run.tags == [text]
+
+
+def test_idempotency_key_returns_the_existing_run() -> None:
+    first = start("tests.noop", {"n": 1}, idempotency_key="order-42")
+    second = start("tests.noop", {"n": 2}, idempotency_key="order-42")
+    assert second.pk == first.pk
+    assert second.input == {"n": 1}
+    other_type = start("tests.record", idempotency_key="order-42")
+    assert other_type.pk != first.pk
+
+
+def test_duplicate_idempotency_key_keeps_the_callers_transaction_usable() -> None:
+    with transaction.atomic():
+        first = start("tests.noop", idempotency_key="k")
+        again = start("tests.noop", idempotency_key="k")
+        later = start("tests.noop")
+    assert again.pk == first.pk
+    assert JobRun.objects.filter(pk=later.pk).exists()
+
+
+def test_start_many_is_one_insert(django_assert_num_queries: Any) -> None:
+    with django_assert_num_queries(1):
+        runs = start_many("tests.echo", [{"i": i} for i in range(50)], priority=3)
+    assert len(runs) == 50
+    assert all(run.pk is not None and run.run_at is not None for run in runs)
+    assert JobRun.objects.filter(priority=3, pool="echo").count() == 50
+
+
+def test_start_many_validates_every_input_before_writing() -> None:
+    with pytest.raises(InvalidJobInput):
+        start_many("tests.echo", [{"i": 1}, {"i": object()}])
+    assert not JobRun.objects.exists()
+
+
+def test_start_many_refuses_idempotency_keys() -> None:
+    with pytest.raises(TypeError, match="idempotency_key"):
+        start_many("tests.noop", [{}], idempotency_key="k")
+
+
+def test_start_many_of_nothing_writes_nothing() -> None:
+    assert start_many("tests.noop", []) == []
+    assert flaky.start_many([{}, {}])[0].max_attempts == 3

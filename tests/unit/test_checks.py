@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from django_jobs import conf
+from django_jobs.checks import check_database, check_databases, check_settings
+
+
+def ids(messages: list[Any]) -> list[str]:
+    return [m.id for m in messages]
+
+
+def test_defaults_fill_missing_keys(settings: Any) -> None:
+    settings.DJANGO_JOBS = {"POLL_INTERVAL": timedelta(milliseconds=250)}
+    current = conf.get()
+    assert current.POLL_INTERVAL == 0.25
+    assert current.HEARTBEAT_INTERVAL == 10.0
+    assert current.MAX_INPUT_BYTES == 1_048_576
+    assert current.DATABASE == "default"
+
+
+def test_settings_unset_means_defaults(settings: Any) -> None:
+    del settings.DJANGO_JOBS
+    assert conf.get().STALE_THRESHOLD == 60.0
+    assert check_settings() == []
+
+
+def test_valid_settings_pass(settings: Any) -> None:
+    settings.DJANGO_JOBS = {"HEARTBEAT_INTERVAL": 5, "STALE_THRESHOLD": timedelta(seconds=30)}
+    assert check_settings() == []
+
+
+def test_unknown_key_is_an_error_naming_it(settings: Any) -> None:
+    settings.DJANGO_JOBS = {"POLL_INTERVALL": 1}
+    messages = check_settings()
+    assert ids(messages) == ["django_jobs.E001"]
+    assert "'POLL_INTERVALL'" in messages[0].msg
+    assert "POLL_INTERVAL" in messages[0].hint
+
+
+@pytest.mark.parametrize(
+    "value",
+    [{"POLL_INTERVAL": -1}, {"POLL_INTERVAL": "1s"}, {"MAX_INPUT_BYTES": 0}, {"LISTEN_NOTIFY": "yes"}],
+)
+def test_bad_values_are_errors(settings: Any, value: dict[str, Any]) -> None:
+    settings.DJANGO_JOBS = value
+    assert ids(check_settings()) == ["django_jobs.E001"]
+
+
+def test_settings_must_be_a_dict(settings: Any) -> None:
+    settings.DJANGO_JOBS = ["POLL_INTERVAL"]
+    assert ids(check_settings()) == ["django_jobs.E001"]
+
+
+def test_unknown_database_alias(settings: Any) -> None:
+    settings.DJANGO_JOBS = {"DATABASE": "jobs"}
+    assert ids(check_settings()) == ["django_jobs.E002"]
+
+
+def test_stale_threshold_must_cover_three_heartbeats(settings: Any) -> None:
+    settings.DJANGO_JOBS = {"HEARTBEAT_INTERVAL": 10, "STALE_THRESHOLD": 20}
+    assert ids(check_settings()) == ["django_jobs.E003"]
+
+
+def test_use_tz_off_is_an_error(settings: Any) -> None:
+    settings.USE_TZ = False
+    assert "django_jobs.E004" in ids(check_settings())
+
+
+def test_sqlite_gets_a_single_process_warning() -> None:
+    assert ids(check_database("sqlite")) == ["django_jobs.W001"]
+
+
+def test_postgresql_supports_skip_locked() -> None:
+    assert check_database("default") == []
+
+
+def test_database_check_runs_only_for_the_jobs_alias(settings: Any) -> None:
+    settings.DJANGO_JOBS = {"DATABASE": "sqlite"}
+    assert check_databases(databases=None) == []
+    assert ids(check_databases(databases=["sqlite"])) == ["django_jobs.W001"]
