@@ -107,7 +107,7 @@ def _build(
     data = normalize({} if input is None else input, what="input")
     run = JobRun(
         job_type=handler.job_type,
-        pool=_text("pool", handler.pool if pool is None else pool, 100, required=True),
+        pool=_required_text("pool", handler.pool if pool is None else pool, 100),
         priority=_priority(handler.priority if priority is None else priority),
         max_attempts=handler.retry.attempts,
         input=data,
@@ -130,8 +130,10 @@ def _build(
 
 def _attach(run: JobRun, parent: JobRun | int) -> None:
     if not isinstance(parent, JobRun):
-        parent = JobRun.objects.using(conf.get().DATABASE).only("id", "root_id", "tenant_id").get(
-            pk=parent
+        parent = (
+            JobRun.objects.using(conf.get().DATABASE)
+            .only("id", "root_id", "tenant_id")
+            .get(pk=parent)
         )
     run.parent_id = parent.pk
     run.root_id = parent.root_id or parent.pk
@@ -156,7 +158,9 @@ def _when(run_at: datetime | None, delay: float | timedelta | None) -> datetime 
         except TypeError:
             seconds = -1.0
         if seconds < 0:
-            raise InvalidJobInput(f"delay must be non-negative seconds or a timedelta, got {delay!r}")
+            raise InvalidJobInput(
+                f"delay must be non-negative seconds or a timedelta, got {delay!r}"
+            )
         return timezone.now() + timedelta(seconds=seconds)
     return None
 
@@ -181,6 +185,12 @@ def _text(name: str, value: Any, max_length: int, *, required: bool = False) -> 
     if "\x00" in value:
         raise InvalidJobInput(f"{name} contains a NUL character")
     return value
+
+
+def _required_text(name: str, value: Any, max_length: int) -> str:
+    text = _text(name, value, max_length, required=True)
+    assert text is not None
+    return text
 
 
 def _tags(tags: Sequence[str]) -> list[str]:

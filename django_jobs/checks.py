@@ -39,7 +39,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 f"DJANGO_JOBS['STALE_THRESHOLD'] ({current.STALE_THRESHOLD:g}s) is less than three "
                 f"heartbeats ({current.HEARTBEAT_INTERVAL:g}s each): live workers would be "
                 "taken for dead and their runs executed twice.",
-                hint="Raise STALE_THRESHOLD to at least 3 × HEARTBEAT_INTERVAL.",
+                hint="Raise STALE_THRESHOLD to at least 3 times HEARTBEAT_INTERVAL.",
                 id="django_jobs.E003",
             )
         )
@@ -55,7 +55,9 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
 
 
 @register(Tags.database)
-def check_databases(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[CheckMessage]:
+def check_databases(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[CheckMessage]:
     """Check the jobs database can lock rows with SKIP LOCKED (run by migrate and the worker)."""
     alias = conf.get().DATABASE
     if databases is None or alias not in databases or alias not in settings.DATABASES:

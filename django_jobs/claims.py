@@ -68,7 +68,7 @@ def _runs() -> Any:
     return JobRun.objects.using(_using())
 
 
-def _after(seconds: float) -> ExpressionWrapper:
+def _after(seconds: float) -> ExpressionWrapper[Any]:
     """``now() + seconds`` on the database clock."""
     return ExpressionWrapper(
         Now() + Value(timedelta(seconds=seconds)), output_field=DateTimeField()
@@ -181,7 +181,9 @@ def release(worker_id: uuid.UUID, claims: Iterable[Claim]) -> int:
 # --- workers, heartbeats and rescue ---------------------------------------------------
 
 
-def register_worker(hostname: str, pid: int, pools: Sequence[str] | None, concurrency: int) -> Worker:
+def register_worker(
+    hostname: str, pid: int, pools: Sequence[str] | None, concurrency: int
+) -> Worker:
     worker = Worker(hostname=hostname, pid=pid, pools=list(pools or []), concurrency=concurrency)
     worker.save(using=_using(), force_insert=True)
     return worker
@@ -202,7 +204,9 @@ def stop_worker(worker_id: uuid.UUID) -> None:
     )
 
 
-def rescue_stale(pools: Sequence[str] | None, stale_after: float, limit: int = 500) -> tuple[int, int]:
+def rescue_stale(
+    pools: Sequence[str] | None, stale_after: float, limit: int = 500
+) -> tuple[int, int]:
     """Take back running runs of workers silent for ``stale_after`` seconds.
 
     Liveness is the holder's heartbeat, never the run's age: a long job on a live
@@ -211,7 +215,9 @@ def rescue_stale(pools: Sequence[str] | None, stale_after: float, limit: int = 5
     Safe in parallel: rows another sweeper holds are skipped, and every UPDATE
     re-checks ``status = 'running'``.
     """
-    cutoff = ExpressionWrapper(Now() - Value(timedelta(seconds=stale_after)), output_field=DateTimeField())
+    cutoff = ExpressionWrapper(
+        Now() - Value(timedelta(seconds=stale_after)), output_field=DateTimeField()
+    )
     stale = Q(claimed_by__isnull=True) | Q(claimed_by__heartbeat_at__lt=cutoff)
     runs = _runs().filter(stale, status=Status.RUNNING)
     if pools is not None:
@@ -231,21 +237,27 @@ def rescue_stale(pools: Sequence[str] | None, stale_after: float, limit: int = 5
             return 0, 0
         spent = [row["id"] for row in rows if row["attempts"] >= row["max_attempts"]]
         again = [row["id"] for row in rows if row["attempts"] < row["max_attempts"]]
-        requeued = _runs().filter(pk__in=again, status=Status.RUNNING).update(
-            status=Status.PENDING, run_at=Now(), lease_token=None, claimed_by=None
+        requeued = (
+            _runs()
+            .filter(pk__in=again, status=Status.RUNNING)
+            .update(status=Status.PENDING, run_at=Now(), lease_token=None, claimed_by=None)
         )
         failed = 0
         if spent:
-            failed = _runs().filter(pk__in=spent, status=Status.RUNNING).update(
-                status=Status.FAILED,
-                finished_at=Now(),
-                lease_token=None,
-                error={
-                    "type": "WorkerLost",
-                    "message": "the worker running this run stopped heartbeating and "
-                    "the run has no attempts left",
-                    "traceback": "",
-                    "attempt": None,
-                },
+            failed = (
+                _runs()
+                .filter(pk__in=spent, status=Status.RUNNING)
+                .update(
+                    status=Status.FAILED,
+                    finished_at=Now(),
+                    lease_token=None,
+                    error={
+                        "type": "WorkerLost",
+                        "message": "the worker running this run stopped heartbeating and "
+                        "the run has no attempts left",
+                        "traceback": "",
+                        "attempt": None,
+                    },
+                )
             )
     return int(requeued), int(failed)

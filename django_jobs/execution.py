@@ -7,7 +7,8 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from enum import Enum
+from enum import StrEnum
+from functools import partial
 from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
@@ -22,7 +23,7 @@ from .registry import JobHandler, get_handler
 logger = logging.getLogger(__name__)
 
 
-class Outcome(str, Enum):
+class Outcome(StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     RETRY = "retry"
@@ -53,8 +54,7 @@ def execute(claim: Claim, *, stop: threading.Event | None = None) -> Outcome:
     except UnknownJobType as exc:
         # start() refuses unknown types, so this is a deploy where this worker
         # lacks a handler the enqueuer had. Fail it visibly; it can be retried.
-        error = error_record(exc, claim.attempt, retryable=False)
-        write = lambda: _flag(claims.fail(claim, error), Outcome.FAILED)  # noqa: E731
+        write = _fail(claim, error_record(exc, claim.attempt, retryable=False))
     else:
         write = _run_handler(handler, claim)
     outcome = _settle(claim, write, stop)
@@ -67,15 +67,14 @@ def _run_handler(handler: JobHandler, claim: Claim) -> Callable[[], Outcome]:
     ctx = JobContext(claim)
     try:
         result = handler(ctx)
-    except BaseException as exc:  # noqa: BLE001 - a handler's SystemExit ends its run, not the worker
+    except BaseException as exc:  # a handler's SystemExit ends its run, not the worker
         return _on_error(handler, claim, exc)
     try:
         output = normalize(result, what=f"the output of {handler.job_type} run {claim.run_id}")
     except InvalidJobInput as exc:
         # Running the same code again would return the same value: not retryable.
-        error = error_record(exc, claim.attempt, retryable=False)
-        return lambda: _flag(claims.fail(claim, error), Outcome.FAILED)
-    return lambda: _flag(claims.complete(claim, output), Outcome.COMPLETED)
+        return _fail(claim, error_record(exc, claim.attempt, retryable=False))
+    return partial(_write, claims.complete, claim, output, Outcome.COMPLETED)
 
 
 def _on_error(handler: JobHandler, claim: Claim, exc: BaseException) -> Callable[[], Outcome]:
@@ -83,13 +82,19 @@ def _on_error(handler: JobHandler, claim: Claim, exc: BaseException) -> Callable
     if policy.should_retry(exc, claim.attempt):
         error = error_record(exc, claim.attempt, retryable=True)
         delay = policy.delay(claim.attempt)
-        return lambda: _flag(claims.reschedule(claim, error, delay), Outcome.RETRY)
-    error = error_record(exc, claim.attempt, retryable=policy.is_retryable(exc))
-    return lambda: _flag(claims.fail(claim, error), Outcome.FAILED)
+        return partial(_write, claims.reschedule, claim, error, Outcome.RETRY, delay)
+    return _fail(claim, error_record(exc, claim.attempt, retryable=policy.is_retryable(exc)))
 
 
-def _flag(written: bool, outcome: Outcome) -> Outcome:
-    return outcome if written else Outcome.LOST
+def _fail(claim: Claim, error: dict[str, Any]) -> Callable[[], Outcome]:
+    return partial(_write, claims.fail, claim, error, Outcome.FAILED)
+
+
+def _write(
+    fenced: Callable[..., bool], claim: Claim, value: Any, outcome: Outcome, *args: Any
+) -> Outcome:
+    """Perform one fenced write; a lost lease turns the outcome into LOST."""
+    return outcome if fenced(claim, value, *args) else Outcome.LOST
 
 
 def _settle(claim: Claim, write: Callable[[], Outcome], stop: threading.Event | None) -> Outcome:
@@ -109,15 +114,16 @@ def _settle(claim: Claim, write: Callable[[], Outcome], stop: threading.Event | 
         except (OperationalError, InterfaceError) as exc:
             logger.warning(
                 "run=%s outcome not written, database unavailable (%s); retrying in %.1fs",
-                claim.run_id, type(exc).__name__, delay,
+                claim.run_id,
+                type(exc).__name__,
+                delay,
             )
         except DatabaseError as exc:
             logger.error("run=%s outcome rejected by the database: %s", claim.run_id, exc)
             if rejected:
                 return Outcome.LOST
             rejected = True
-            error = error_record(exc, claim.attempt, retryable=False)
-            write = lambda: _flag(claims.fail(claim, error), Outcome.FAILED)  # noqa: E731
+            write = _fail(claim, error_record(exc, claim.attempt, retryable=False))
             continue
         if stop is not None and stop.wait(delay):
             return Outcome.LOST
@@ -142,6 +148,9 @@ def discard_broken_connections() -> None:
 def _log(claim: Claim, outcome: Outcome, started: float) -> None:
     logger.info(
         "run=%s type=%s outcome=%s attempt=%d duration=%.3fs",
-        claim.run_id, claim.row["job_type"], outcome.value, claim.attempt,
+        claim.run_id,
+        claim.row["job_type"],
+        outcome.value,
+        claim.attempt,
         time.monotonic() - started,
     )

@@ -98,10 +98,11 @@ class JobRun(models.Model):
     output = models.JSONField(encoder=DjangoJSONEncoder, null=True, blank=True)
     error = models.JSONField(encoder=DjangoJSONEncoder, null=True, blank=True)
 
-    concurrency_key = models.CharField(max_length=255, null=True, blank=True)
-    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    # NULL, not "", means "no key": the partial unique constraints skip NULLs.
+    concurrency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     tags = models.JSONField(default=list, blank=True)
-    tenant_id = models.CharField(max_length=100, null=True, blank=True)
+    tenant_id = models.CharField(max_length=100, null=True, blank=True)  # noqa: DJ001
     trigger_source = models.CharField(max_length=32, default="api")
     trigger_ref = models.CharField(max_length=255, blank=True, default="")
 

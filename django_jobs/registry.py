@@ -77,7 +77,9 @@ def job(
         raise TypeError(f"pool must be a non-empty string, got {pool!r}")
     if retry is not None and not isinstance(retry, RetryPolicy):
         raise TypeError(f"retry must be a RetryPolicy, got {retry!r}")
-    if not (concurrency_key is None or isinstance(concurrency_key, str) or callable(concurrency_key)):
+    if not (
+        concurrency_key is None or isinstance(concurrency_key, str) or callable(concurrency_key)
+    ):
         raise TypeError(f"concurrency_key must be a string or a callable, got {concurrency_key!r}")
     seconds = None if timeout is None else to_seconds(timeout)
     if seconds is not None and seconds <= 0:

@@ -100,7 +100,9 @@ def _non_negative(name: str, value: float | timedelta) -> float:
     try:
         seconds = to_seconds(value)
     except TypeError:
-        raise TypeError(f"RetryPolicy.{name} must be seconds or a timedelta, got {value!r}") from None
+        raise TypeError(
+            f"RetryPolicy.{name} must be seconds or a timedelta, got {value!r}"
+        ) from None
     if seconds < 0:
         raise ValueError(f"RetryPolicy.{name} must not be negative, got {value!r}")
     return seconds

@@ -13,8 +13,9 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
+from typing import Any, TypeVar
 
 from django.db import DatabaseError, connections
 
@@ -24,6 +25,7 @@ from .execution import discard_broken_connections, execute
 from .models import WorkerStatus
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 EXIT_OK = 0
 EXIT_RELEASED = 1  # the drain ran out of time (or a second signal came): runs were released
@@ -68,13 +70,19 @@ class Worker:
 
     def run(self) -> int:
         """Work until told to stop (or, in burst mode, until nothing is due)."""
-        worker = claims.register_worker(socket.gethostname(), os.getpid(), self.pools, self.concurrency)
+        worker = claims.register_worker(
+            socket.gethostname(), os.getpid(), self.pools, self.concurrency
+        )
         self.worker_id = worker.pk
         logger.info(
-            "worker=%s started pools=%s concurrency=%d", self.worker_id, ",".join(self.pools),
+            "worker=%s started pools=%s concurrency=%d",
+            self.worker_id,
+            ",".join(self.pools),
             self.concurrency,
         )
-        threads = [self._start(self._run_slot, f"django-jobs-slot-{i}") for i in range(self.concurrency)]
+        threads = [
+            self._start(self._run_slot, f"django-jobs-slot-{i}") for i in range(self.concurrency)
+        ]
         beat = self._start(self._heartbeat_loop, "django-jobs-heartbeat")
         try:
             self._claim_loop()
@@ -84,11 +92,14 @@ class Worker:
                 self._queue.put(None)
             self.hard_stop.set()
             beat.join(timeout=5)
-            self._quietly(lambda: claims.stop_worker(self.worker_id))  # type: ignore[arg-type]
+            self._quietly(claims.stop_worker, self.worker_id)
             connections.close_all()
         logger.info(
-            "worker=%s stopped claimed=%d finished=%d exit=%d", self.worker_id, self.claimed,
-            self.finished, code,
+            "worker=%s stopped claimed=%d finished=%d exit=%d",
+            self.worker_id,
+            self.claimed,
+            self.finished,
+            code,
         )
         return code
 
@@ -127,7 +138,9 @@ class Worker:
             except DatabaseError as exc:
                 failures += 1
                 pause = min(0.5 * 2**failures, 10.0)
-                logger.warning("worker=%s claim failed (%s); retrying in %.1fs", self.worker_id, exc, pause)
+                logger.warning(
+                    "worker=%s claim failed (%s); retrying in %.1fs", self.worker_id, exc, pause
+                )
                 discard_broken_connections()
                 self.stopping.wait(pause)
                 continue
@@ -191,7 +204,7 @@ class Worker:
     def _heartbeat_loop(self) -> None:
         while True:
             status = WorkerStatus.STOPPING if self.stopping.is_set() else WorkerStatus.RUNNING
-            self._quietly(lambda: claims.heartbeat(self.worker_id, status))  # type: ignore[arg-type]
+            self._quietly(claims.heartbeat, self.worker_id, status)
             self._quietly(self._rescue)
             if self.hard_stop.wait(self.heartbeat_interval):
                 break
@@ -202,7 +215,9 @@ class Worker:
         if requeued or failed:
             logger.warning(
                 "worker=%s rescued runs of stale workers requeued=%d failed=%d",
-                self.worker_id, requeued, failed,
+                self.worker_id,
+                requeued,
+                failed,
             )
             self._wake.set()
 
@@ -221,10 +236,12 @@ class Worker:
         if not leftover:
             return EXIT_OK
         self.hard_stop.set()
-        released = self._quietly(lambda: claims.release(self.worker_id, leftover))  # type: ignore[arg-type]
+        released = self._quietly(claims.release, self.worker_id, leftover)
         logger.warning(
             "worker=%s released %s unfinished runs back to pending: %s",
-            self.worker_id, released, ",".join(str(c.run_id) for c in leftover),
+            self.worker_id,
+            released,
+            ",".join(str(c.run_id) for c in leftover),
         )
         return EXIT_RELEASED
 
@@ -236,10 +253,10 @@ class Worker:
         thread.start()
         return thread
 
-    def _quietly(self, fn: object) -> object:
-        """Call ``fn``; log a database error instead of raising (the loop goes on)."""
+    def _quietly(self, fn: Callable[..., T], *args: Any) -> T | None:
+        """Call ``fn(*args)``; log a database error instead of raising (the loop goes on)."""
         try:
-            return fn()  # type: ignore[operator]
+            return fn(*args)
         except DatabaseError as exc:
             logger.warning("worker=%s database error: %s", self.worker_id, exc)
             discard_broken_connections()

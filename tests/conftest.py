@@ -24,4 +24,3 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     yield start
     for worker in started:
         worker.stop()
-

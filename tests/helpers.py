@@ -70,4 +70,3 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 30, interval: flo
         if time.monotonic() > deadline:
             pytest.fail(f"condition not met within {timeout}s")
         time.sleep(interval)
-

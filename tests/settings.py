@@ -8,7 +8,7 @@ import environ
 
 from django_jobs.embedded import database_url
 
-SECRET_KEY = "django-jobs-tests"  # noqa: S105 - tests only
+SECRET_KEY = "django-jobs-tests"
 DEBUG = False
 USE_TZ = True
 TIME_ZONE = "UTC"
@@ -24,7 +24,8 @@ INSTALLED_APPS = [
 ]
 
 _db = environ.Env.db_url_config(database_url())
-_db["TEST"] = {"NAME": os.environ.get("DJANGO_JOBS_TEST_DB", "test_django_jobs")}
+# One test database per pytest process, so two suites on one server never collide.
+_db["TEST"] = {"NAME": os.environ.get("DJANGO_JOBS_TEST_DB", f"test_django_jobs_{os.getpid()}")}
 # Worker subprocesses started by the process tests connect to the test database
 # the pytest process created; it tells them its name through this variable.
 if os.environ.get("DJANGO_JOBS_USE_DB"):

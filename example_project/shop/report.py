@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
-from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Min, Sum
+from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Max, Min, Sum
 from django.utils import timezone
 
 from django_jobs.models import TERMINAL_STATUSES, Status
@@ -85,6 +85,14 @@ def attempts() -> tuple[int, int]:
     stats = demo_runs().filter(attempts__gt=0).aggregate(attempts=Sum("attempts"), runs=Count("id"))
     made = stats["attempts"] or 0
     return made, made - stats["runs"]
+
+
+def processing_seconds() -> float | None:
+    """Return the seconds from the first claim to the last finish (database clock)."""
+    span = demo_runs().aggregate(first=Min("started_at"), last=Max("finished_at"))
+    if span["first"] is None or span["last"] is None:
+        return None
+    return (span["last"] - span["first"]).total_seconds()
 
 
 def queue_wait_ms() -> dict[str, float]:

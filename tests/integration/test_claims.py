@@ -22,11 +22,13 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def in_thread(fn: Any) -> Any:
     """Run ``fn`` on another thread, hence another database connection."""
+
     def wrapper(*args: Any) -> Any:
         try:
             return fn(*args)
         finally:
             connections.close_all()
+
     return wrapper
 
 
@@ -145,7 +147,12 @@ def test_writes_after_the_lease_changed_write_nothing(write: Any) -> None:
     JobRun.objects.filter(pk=run.pk).update(lease_token=new_token)
     assert write(claim) is False
     run.refresh_from_db()
-    assert (run.status, run.lease_token, run.output, run.error) == (Status.RUNNING, new_token, None, None)
+    assert (run.status, run.lease_token, run.output, run.error) == (
+        Status.RUNNING,
+        new_token,
+        None,
+        None,
+    )
 
 
 def test_writes_after_the_run_left_running_write_nothing() -> None:
@@ -165,7 +172,9 @@ def test_fenced_writes_land_while_the_lease_holds() -> None:
 
 
 def make_stale(worker: Worker, seconds: float = 3600) -> None:
-    Worker.objects.filter(pk=worker.pk).update(heartbeat_at=timezone.now() - timedelta(seconds=seconds))
+    Worker.objects.filter(pk=worker.pk).update(
+        heartbeat_at=timezone.now() - timedelta(seconds=seconds)
+    )
 
 
 def test_rescue_takes_only_stale_workers_runs() -> None:
@@ -180,7 +189,11 @@ def test_rescue_takes_only_stale_workers_runs() -> None:
     assert claims.rescue_stale(["default"], stale_after=60) == (1, 1)
     for run in (lost_retry, lost_spent, long_running, other_pool):
         run.refresh_from_db()
-    assert (lost_retry.status, lost_retry.attempts, lost_retry.lease_token) == (Status.PENDING, 1, None)
+    assert (lost_retry.status, lost_retry.attempts, lost_retry.lease_token) == (
+        Status.PENDING,
+        1,
+        None,
+    )
     assert lost_spent.status == Status.FAILED
     assert lost_spent.error["type"] == "WorkerLost"
     assert long_running.status == Status.RUNNING

@@ -29,7 +29,12 @@ def run_once(job_type: str, input: dict[str, object] | None = None) -> tuple[Out
 def test_success_stores_the_output() -> None:
     outcome, run = run_once("tests.echo", {"hello": ["world"]})
     assert outcome is Outcome.COMPLETED
-    assert (run.status, run.output, run.error, run.attempts) == (Status.COMPLETED, {"hello": ["world"]}, None, 1)
+    assert (run.status, run.output, run.error, run.attempts) == (
+        Status.COMPLETED,
+        {"hello": ["world"]},
+        None,
+        1,
+    )
     assert run.finished_at is not None
 
 
@@ -37,7 +42,12 @@ def test_failure_with_attempts_left_is_rescheduled_with_backoff() -> None:
     before = timezone.now()
     outcome, run = run_once("tests.backoff")
     assert outcome is Outcome.RETRY
-    assert (run.status, run.attempts, run.lease_token, run.claimed_by_id) == (Status.PENDING, 1, None, None)
+    assert (run.status, run.attempts, run.lease_token, run.claimed_by_id) == (
+        Status.PENDING,
+        1,
+        None,
+        None,
+    )
     assert run.run_at >= before + timedelta(minutes=59)
     assert run.error["type"] == "builtins.RuntimeError"
     assert run.error["message"] == "try again in an hour"
@@ -93,7 +103,11 @@ def test_drain_runs_everything_due_including_immediate_retries() -> None:
     start("tests.noop", run_at=timezone.now() + timedelta(hours=1))
     assert drain() == 4  # flaky runs three times
     statuses = dict(JobRun.objects.values_list("job_type", "status"))
-    assert statuses == {"tests.flaky": Status.COMPLETED, "tests.echo": Status.COMPLETED, "tests.noop": Status.PENDING}
+    assert statuses == {
+        "tests.flaky": Status.COMPLETED,
+        "tests.echo": Status.COMPLETED,
+        "tests.noop": Status.PENDING,
+    }
     assert JobRun.objects.get(job_type="tests.flaky").attempts == 3
     assert Execution.objects.filter(job_type="tests.flaky").count() == 3
 

@@ -22,7 +22,8 @@ def test_start_stores_a_pending_run_with_handler_defaults() -> None:
     assert (run.job_type, run.pool, run.priority, run.attempts) == ("tests.flaky", "default", 0, 0)
     assert run.max_attempts == 3
     assert run.input == {"succeed_on": 2}
-    assert run.run_at is not None and run.run_at <= timezone.now()
+    assert run.run_at is not None
+    assert run.run_at <= timezone.now()
     assert run.created_at is not None
 
 
@@ -44,17 +45,26 @@ def test_no_input_means_an_empty_object() -> None:
 
 
 def test_start_joins_the_callers_transaction() -> None:
-    with pytest.raises(RuntimeError), transaction.atomic():
-        start("tests.noop")
-        raise RuntimeError("roll back")
+    def enqueue_then_fail() -> None:
+        with transaction.atomic():
+            start("tests.noop")
+            raise RuntimeError("roll back")
+
+    with pytest.raises(RuntimeError):
+        enqueue_then_fail()
     assert not JobRun.objects.exists()
 
 
 def test_options_are_stored() -> None:
     when = timezone.now() + datetime.timedelta(hours=1)
     run = start(
-        "tests.noop", pool="other", priority=-5, run_at=when, concurrency_key="k",
-        tags=["a", "b"], tenant_id="acme",
+        "tests.noop",
+        pool="other",
+        priority=-5,
+        run_at=when,
+        concurrency_key="k",
+        tags=["a", "b"],
+        tenant_id="acme",
     )
     run.refresh_from_db()
     assert (run.pool, run.priority, run.run_at, run.concurrency_key) == ("other", -5, when, "k")

@@ -40,7 +40,8 @@ def test_only_the_workers_pools_are_claimed() -> None:
     start("tests.noop")
     assert JobWorker(["echo"], burst=True, poll_interval=0.05).run() == EXIT_OK
     assert dict(JobRun.objects.values_list("job_type", "status")) == {
-        "tests.echo": Status.COMPLETED, "tests.noop": Status.PENDING,
+        "tests.echo": Status.COMPLETED,
+        "tests.noop": Status.PENDING,
     }
 
 

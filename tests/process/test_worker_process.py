@@ -123,19 +123,27 @@ def test_one_line_per_outcome_and_no_payloads(start_worker: StartWorker) -> None
 def test_bad_flags_exit_non_zero_with_one_line(args: list[str], message: str) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "django", "runjobworker", *args],
-        cwd=ROOT, env=worker_env(), capture_output=True, text=True, timeout=60,
+        cwd=ROOT,
+        env=worker_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode != 0
     assert message in result.stderr
     assert "Traceback" not in result.stderr
-    assert not JobRun.objects.exists() and not Worker.objects.exists()
+    assert not JobRun.objects.exists()
+    assert not Worker.objects.exists()
 
 
 def test_bad_settings_stop_the_worker_before_it_starts() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "django", "runjobworker", "--burst"],
-        cwd=ROOT, env=worker_env(DJANGO_JOBS_HEARTBEAT_INTERVAL="-1"),
-        capture_output=True, text=True, timeout=60,
+        cwd=ROOT,
+        env=worker_env(DJANGO_JOBS_HEARTBEAT_INTERVAL="-1"),
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode != 0
     assert "django_jobs.E001" in result.stderr

@@ -11,3 +11,6 @@ class Execution(models.Model):
     attempt = models.PositiveIntegerField()
     pid = models.PositiveIntegerField()
     started_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} attempt {self.attempt} in pid {self.pid}"

@@ -43,7 +43,12 @@ def test_unknown_key_is_an_error_naming_it(settings: Any) -> None:
 
 @pytest.mark.parametrize(
     "value",
-    [{"POLL_INTERVAL": -1}, {"POLL_INTERVAL": "1s"}, {"MAX_INPUT_BYTES": 0}, {"LISTEN_NOTIFY": "yes"}],
+    [
+        {"POLL_INTERVAL": -1},
+        {"POLL_INTERVAL": "1s"},
+        {"MAX_INPUT_BYTES": 0},
+        {"LISTEN_NOTIFY": "yes"},
+    ],
 )
 def test_bad_values_are_errors(settings: Any, value: dict[str, Any]) -> None:
     settings.DJANGO_JOBS = value

@@ -28,7 +28,12 @@ def test_decorator_registers_handler_with_options(cleanup: list[str]) -> None:
 
     assert isinstance(handler, JobHandler)
     assert get_handler("unit.options") is handler
-    assert (handler.pool, handler.retry, handler.timeout, handler.priority) == ("mail", policy, 120.0, 5)
+    assert (handler.pool, handler.retry, handler.timeout, handler.priority) == (
+        "mail",
+        policy,
+        120.0,
+        5,
+    )
     assert handler(None) == "ok"  # type: ignore[arg-type]
     assert callable(handler.start)
 
@@ -39,7 +44,7 @@ def test_second_handler_for_a_type_is_an_error(cleanup: list[str]) -> None:
     @job("unit.dup")
     def first(ctx: object) -> None: ...
 
-    with pytest.raises(DuplicateJobType, match="unit.dup"):
+    with pytest.raises(DuplicateJobType, match=r"unit\.dup"):
 
         @job("unit.dup")
         def second(ctx: object) -> None: ...
@@ -56,7 +61,7 @@ def test_same_function_registered_again_replaces_entry(cleanup: list[str]) -> No
 
 
 def test_unknown_job_type_names_the_type() -> None:
-    with pytest.raises(UnknownJobType, match="'nope.never'"):
+    with pytest.raises(UnknownJobType, match=r"'nope\.never'"):
         get_handler("nope.never")
 
 

@@ -19,13 +19,16 @@ class SubDeclined(Declined):
 
 def test_exponential_doubles_from_base() -> None:
     delays = [
-        backoff_delay(n, backoff="exponential", base=2.0, cap=None, jitter=False) for n in (1, 2, 3, 4)
+        backoff_delay(n, backoff="exponential", base=2.0, cap=None, jitter=False)
+        for n in (1, 2, 3, 4)
     ]
     assert delays == [2.0, 4.0, 8.0, 16.0]
 
 
 def test_fixed_stays_at_base() -> None:
-    assert {backoff_delay(n, backoff="fixed", base=5, cap=None, jitter=False) for n in range(1, 6)} == {5}
+    assert {
+        backoff_delay(n, backoff="fixed", base=5, cap=None, jitter=False) for n in range(1, 6)
+    } == {5}
 
 
 def test_cap_limits_delay() -> None:
@@ -38,7 +41,10 @@ def test_huge_attempt_numbers_do_not_overflow() -> None:
 
 def test_full_jitter_draws_between_zero_and_delay() -> None:
     rand = random.Random(7)
-    draws = [backoff_delay(3, backoff="exponential", base=1.0, cap=None, jitter=True, rand=rand) for _ in range(200)]
+    draws = [
+        backoff_delay(3, backoff="exponential", base=1.0, cap=None, jitter=True, rand=rand)
+        for _ in range(200)
+    ]
     assert all(0.0 <= d <= 4.0 for d in draws)
     assert min(draws) < 1.0 < 3.0 < max(draws)
 

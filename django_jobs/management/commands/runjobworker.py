@@ -30,7 +30,9 @@ def positive_float(value: str) -> float:
     try:
         number = float(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {value!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected a positive number of seconds, got {value!r}"
+        ) from None
     if not number > 0 or number == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {value!r}")
     return number
@@ -47,23 +49,37 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
-            "--pool", dest="pools", action="append", type=pool_name, metavar="NAME",
+            "--pool",
+            dest="pools",
+            action="append",
+            type=pool_name,
+            metavar="NAME",
             help="pool to claim runs from; repeat for several (default: 'default')",
         )
         parser.add_argument(
-            "--concurrency", type=positive_int, default=1, metavar="N",
+            "--concurrency",
+            type=positive_int,
+            default=1,
+            metavar="N",
             help="runs executed at once, one thread each (default: 1)",
         )
         parser.add_argument(
-            "--burst", action="store_true",
+            "--burst",
+            action="store_true",
             help="exit once no due run is left instead of waiting for more",
         )
         parser.add_argument(
-            "--max-runs", type=positive_int, default=None, metavar="N",
+            "--max-runs",
+            type=positive_int,
+            default=None,
+            metavar="N",
             help="exit after claiming N runs (and finishing them)",
         )
         parser.add_argument(
-            "--poll-interval", type=positive_float, default=None, metavar="S",
+            "--poll-interval",
+            type=positive_float,
+            default=None,
+            metavar="S",
             help="seconds between claims when idle (default: POLL_INTERVAL setting)",
         )
 
@@ -93,5 +109,7 @@ class Command(BaseCommand):
         root.setLevel(VERBOSITY_LEVELS.get(verbosity, logging.DEBUG))
         if not root.handlers and not logging.getLogger().handlers:
             handler = logging.StreamHandler(sys.stderr)
-            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+            handler.setFormatter(
+                logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s")
+            )
             root.addHandler(handler)

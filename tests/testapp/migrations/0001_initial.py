@@ -4,22 +4,25 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='Execution',
+            name="Execution",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('run_id', models.BigIntegerField(db_index=True)),
-                ('job_type', models.CharField(max_length=200)),
-                ('attempt', models.PositiveIntegerField()),
-                ('pid', models.PositiveIntegerField()),
-                ('started_at', models.DateTimeField(auto_now_add=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("run_id", models.BigIntegerField(db_index=True)),
+                ("job_type", models.CharField(max_length=200)),
+                ("attempt", models.PositiveIntegerField()),
+                ("pid", models.PositiveIntegerField()),
+                ("started_at", models.DateTimeField(auto_now_add=True)),
             ],
         ),
     ]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import time
+from types import FrameType
 from typing import Any
 
 from django.conf import settings
@@ -28,6 +30,12 @@ def positive_int(value: str) -> int:
     if number < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
     return number
+
+
+def exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    """Turn SIGTERM into SystemExit, so the finally blocks stop the workers (and atexit the
+    embedded server) as they do on Ctrl-C."""
+    raise SystemExit(128 + signum)
 
 
 class Command(BaseCommand):
@@ -64,6 +72,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        signal.signal(signal.SIGTERM, exit_on_sigterm)
         call_command("migrate", verbosity=0, interactive=False)
         cleared = orders.clear_demo_runs()
         db = connection.settings_dict
@@ -90,6 +99,8 @@ class Command(BaseCommand):
             rounds = self._drain(workers, deadline=started + options["timeout"])
             if not report.Progress.read().unfinished:
                 workers.wait(timeout=10)  # burst workers exit by themselves once idle
+        except KeyboardInterrupt:
+            raise CommandError("interrupted; the workers were stopped", returncode=130) from None
         finally:
             workers.stop()
         elapsed = time.monotonic() - started
@@ -155,13 +166,21 @@ class Command(BaseCommand):
         for line in report.failures() or ["  none"]:
             out(line)
         out("")
-        waits = report.queue_wait_ms()
-        out(f"Attempts      {made} ({retries} retries)")
-        out(
-            "Queue wait    before a first attempt: "
-            + ", ".join(f"{label} {ms:.0f} ms" for label, ms in waits.items())
-        )
-        codes = ", ".join(map(str, workers.exit_codes))
-        out(f"Workers       {rounds} round(s) of {workers.processes} processes, exit codes {codes}")
-        out(f"Elapsed       {elapsed:.2f} s")
-        out(f"Throughput    {progress.finished / elapsed:.1f} runs/s")
+        waits = ", ".join(f"{label} {ms:.0f} ms" for label, ms in report.queue_wait_ms().items())
+        facts = [
+            ("Attempts", f"{made} ({retries} retries)"),
+            ("Queue wait", f"{waits} (enqueue to first attempt)"),
+            (
+                "Workers",
+                f"{rounds} round(s) of {workers.processes}, exit codes {workers.exit_codes}",
+            ),
+            ("Elapsed", f"{elapsed:.2f} s, {progress.finished / elapsed:.1f} runs/s"),
+        ]
+        busy = report.processing_seconds()
+        if busy:
+            rate = progress.finished / busy
+            facts.append(
+                ("Processing", f"{busy:.2f} s, {rate:.1f} runs/s (first claim to last end)")
+            )
+        for label, text in facts:
+            out(f"{label:<12}{text}")
