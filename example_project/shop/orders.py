@@ -7,7 +7,7 @@ from typing import Any
 
 from django.db import transaction
 
-from django_jobs.models import JobRun
+from django_jobs.models import JobRun, JobRunQuerySet
 from django_jobs.registry import JobHandler
 
 from .jobs import fulfil_order, send_receipt, sync_ledger
@@ -20,7 +20,7 @@ EXPRESS_PRIORITY = 10
 SKUS = ("mug-blue", "tee-m", "tee-l", "poster-a2", "socks-3pack")
 
 
-def demo_runs() -> Any:
+def demo_runs() -> JobRunQuerySet:
     """Return the QuerySet of the demo's runs."""
     return JobRun.objects.filter(job_type__startswith=JOB_TYPE_PREFIX)
 

@@ -92,7 +92,7 @@ def processing_seconds() -> float | None:
     span = demo_runs().aggregate(first=Min("started_at"), last=Max("finished_at"))
     if span["first"] is None or span["last"] is None:
         return None
-    return (span["last"] - span["first"]).total_seconds()
+    return float((span["last"] - span["first"]).total_seconds())
 
 
 def queue_wait_ms() -> dict[str, float]:
@@ -112,9 +112,12 @@ def queue_wait_ms() -> dict[str, float]:
 
 def failures(limit: int = 8) -> list[str]:
     """Describe the runs that ended failed, one line each."""
-    runs = demo_runs().filter(status=Status.FAILED).order_by("id")[:limit]
-    return [
-        f"  #{run.pk} {run.job_type} order={run.input.get('order_id')} "
-        f"attempts={run.attempts}: {run.error['type'].rsplit('.', 1)[-1]}: {run.error['message']}"
-        for run in runs
-    ]
+    lines = []
+    for run in demo_runs().filter(status=Status.FAILED).order_by("id")[:limit]:
+        error = run.error or {}
+        kind = str(error.get("type", "")).rsplit(".", 1)[-1]
+        lines.append(
+            f"  #{run.pk} {run.job_type} order={run.input.get('order_id')} "
+            f"attempts={run.attempts}: {kind}: {error.get('message', '')}"
+        )
+    return lines

@@ -72,7 +72,13 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        signal.signal(signal.SIGTERM, exit_on_sigterm)
+        previous = signal.signal(signal.SIGTERM, exit_on_sigterm)
+        try:
+            self._demo(options)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def _demo(self, options: dict[str, Any]) -> None:
         call_command("migrate", verbosity=0, interactive=False)
         cleared = orders.clear_demo_runs()
         db = connection.settings_dict
