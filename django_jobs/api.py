@@ -1,4 +1,4 @@
-"""The writers users call: start and start_many. Admin and backends call these too."""
+"""The writers users call: start, start_many, cancel, retry. Admin and backends call these too."""
 
 from __future__ import annotations
 
@@ -7,14 +7,17 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.db.models.functions import Now
 from django.utils import timezone
 
-from . import conf
-from .exceptions import InvalidJobInput
-from .models import JobRun
+from . import conf, lifecycle
+from .exceptions import InvalidJobInput, InvalidTransition, RunNotFound
+from .models import TERMINAL_STATUSES, JobRun, JobStep, Status
 from .payloads import normalize
 from .registry import JobHandler, get_handler
+from .signals import run_canceled
 
+RETRYABLE_STATUSES = frozenset({Status.FAILED, Status.TIMED_OUT, Status.CANCELED})
 PRIORITY_MIN = -32768
 PRIORITY_MAX = 32767
 
@@ -87,6 +90,89 @@ def start_many(job_type: str, inputs: Iterable[Any], **options: Any) -> list[Job
     if not runs:
         return []
     return JobRun.objects.using(conf.get().DATABASE).bulk_create(runs)
+
+
+def start_child(
+    parent: JobRun, job_type: str, input: Any, *, close_policy: str, **options: Any
+) -> JobRun:
+    """Insert a child run of ``parent`` (used by ``ctx.spawn_child``, inside its step)."""
+    run = _build(get_handler(job_type), input, parent=parent, **options)
+    run.close_policy = close_policy
+    run.save(using=conf.get().DATABASE, force_insert=True)
+    return run
+
+
+def cancel(
+    run_id: int, *, cascade: bool = True, reason: str = "", tenant_id: str | None = None
+) -> int:
+    """Cancel a run; return how many runs were canceled or asked to cancel.
+
+    A pending or waiting run ends canceled at once; a running one is asked to
+    stop (its handler sees ``JobCanceled`` at its next step or ``check_cancel``,
+    and is fenced after ``CANCEL_GRACE``). With ``cascade``, the children's
+    close policies apply down the tree. Finished runs are left alone, so
+    canceling twice is harmless. With ``tenant_id``, a run of another tenant is
+    refused with ``RunNotFound``.
+    """
+    using = conf.get().DATABASE
+    with transaction.atomic(using=using):
+        run = _locked(run_id, tenant_id)
+        if run.status in TERMINAL_STATUSES:
+            return 0
+        reason = reason or "canceled"
+        if run.status == Status.RUNNING:
+            return lifecycle.request_cancel([run.pk], reason)
+        count = len(lifecycle.cancel_now([run.pk], reason))
+        if cascade:
+            count += lifecycle.close_children([run.pk], reason=f"parent run {run.pk} canceled")
+        if run.parent_id is not None:
+            lifecycle.wake_parent(run.parent_id)
+    if count:
+        run_canceled.send_robust(JobRun, run_id=run.pk, job_type=run.job_type, attempt=run.attempts)
+    return count
+
+
+def retry(run_id: int, *, reset_steps: bool = False, tenant_id: str | None = None) -> JobRun:
+    """Put a failed, timed-out or canceled run back to pending, with a fresh set of attempts.
+
+    Completed steps stay recorded and replay, unless ``reset_steps``.
+    """
+    using = conf.get().DATABASE
+    with transaction.atomic(using=using):
+        run = _locked(run_id, tenant_id)
+        if run.status not in RETRYABLE_STATUSES:
+            raise InvalidTransition(
+                f"run {run.pk} is {run.status}; "
+                "only failed, timed-out or canceled runs can be retried"
+            )
+        JobRun.objects.using(using).filter(pk=run.pk, status=run.status).update(
+            status=Status.PENDING,
+            run_at=Now(),
+            attempts=0,
+            finished_at=None,
+            cancel_requested_at=None,
+            cancel_reason="",
+            lease_token=None,
+            claimed_by=None,
+            awaiting=None,
+        )
+        if reset_steps:
+            JobStep.objects.using(using).filter(run_id=run.pk).delete()
+    run.refresh_from_db(using=using)
+    return run
+
+
+def _locked(run_id: int, tenant_id: str | None) -> JobRun:
+    """Return run ``run_id`` locked for update, within ``tenant_id`` when given."""
+    if isinstance(run_id, bool) or not isinstance(run_id, int):
+        raise RunNotFound(f"run ids are integers, got {run_id!r}")
+    runs = JobRun.objects.using(conf.get().DATABASE).select_for_update()
+    run = runs.filter(pk=run_id).first()
+    if run is None:
+        raise RunNotFound(f"no run with id {run_id}")
+    if tenant_id is not None and run.tenant_id != tenant_id:
+        raise RunNotFound(f"no run with id {run_id} for tenant {tenant_id!r}")
+    return run
 
 
 def _build(

@@ -14,18 +14,21 @@ The rules (DESIGN.md 1-5) in short:
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.db import transaction
-from django.db.models import DateTimeField, ExpressionWrapper, F, Q, Value
+from django.db import IntegrityError, transaction
+from django.db.models import DateTimeField, Exists, ExpressionWrapper, F, OuterRef, Q, Value
 from django.db.models.functions import Now
 
 from . import conf
 from .models import JobRun, Status, Worker, WorkerStatus
+
+logger = logging.getLogger(__name__)
 
 # The columns a worker needs to execute a claimed run; read in the claim itself.
 CLAIM_FIELDS = (
@@ -41,6 +44,8 @@ CLAIM_FIELDS = (
     "root_id",
     "created_at",
     "run_at",
+    "concurrency_key",
+    "cancel_requested_at",
 )
 
 
@@ -89,6 +94,20 @@ def claim_batch(worker_id: uuid.UUID, pools: Sequence[str] | None, limit: int) -
     runs = _runs().filter(status=Status.PENDING, run_at__lte=Now())
     if pools is not None:
         runs = runs.filter(pool__in=pools)
+    # A run whose concurrency key is running now is not a candidate, so a blocked
+    # run is passed over instead of being claimed and put back (no spinning).
+    key_busy = _runs().filter(concurrency_key=OuterRef("concurrency_key"), status=Status.RUNNING)
+    runs = runs.exclude(Exists(key_busy))
+    try:
+        return _claim(worker_id, runs, limit)
+    except IntegrityError:
+        # Two claimers took runs of one free concurrency key at the same instant;
+        # the unique index let one win. This claim wrote nothing; try next tick.
+        logger.debug("claim lost a concurrency-key race; retrying on the next tick")
+        return []
+
+
+def _claim(worker_id: uuid.UUID, runs: Any, limit: int) -> list[Claim]:
     token = uuid.uuid4()
     with transaction.atomic(using=_using()):
         # SKIP LOCKED: rows another worker is claiming right now are passed over
@@ -100,6 +119,7 @@ def claim_batch(worker_id: uuid.UUID, pools: Sequence[str] | None, limit: int) -
             .select_for_update(skip_locked=True)
             .values(*CLAIM_FIELDS)[:limit]
         )
+        rows = _one_per_key(rows)
         if not rows:
             return []
         # The rows stay locked by this transaction until commit, so this UPDATE
@@ -116,17 +136,32 @@ def claim_batch(worker_id: uuid.UUID, pools: Sequence[str] | None, limit: int) -
     return [Claim(row=row, lease_token=token) for row in rows]
 
 
+def _one_per_key(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Keep the first row of each concurrency key: one batch must not start two."""
+    seen: set[str] = set()
+    kept = []
+    for row in rows:
+        key = row["concurrency_key"]
+        if key is not None:
+            if key in seen:
+                continue
+            seen.add(key)
+        kept.append(row)
+    return kept
+
+
 # --- fenced outcome writes ------------------------------------------------------------
 
 
-def _fenced(claim: Claim) -> Any:
+def fenced(claim: Claim) -> Any:
+    """The run of ``claim``, only while it is still running under this lease."""
     return _runs().filter(pk=claim.run_id, status=Status.RUNNING, lease_token=claim.lease_token)
 
 
 def complete(claim: Claim, output: Any) -> bool:
     """Mark the run completed with ``output``; False when the lease was lost."""
     return bool(
-        _fenced(claim).update(
+        fenced(claim).update(
             status=Status.COMPLETED, output=output, finished_at=Now(), lease_token=None
         )
     )
@@ -134,22 +169,27 @@ def complete(claim: Claim, output: Any) -> bool:
 
 def fail(claim: Claim, error: dict[str, Any]) -> bool:
     """Mark the run failed for good; False when the lease was lost."""
-    return bool(
-        _fenced(claim).update(
-            status=Status.FAILED, error=error, finished_at=Now(), lease_token=None
-        )
-    )
+    return end(claim, Status.FAILED, error)
 
 
 def reschedule(claim: Claim, error: dict[str, Any], delay: float) -> bool:
     """Put the run back to pending, due ``delay`` seconds from now; False when lost."""
     return bool(
-        _fenced(claim).update(
+        fenced(claim).update(
             status=Status.PENDING,
             error=error,
             run_at=_after(delay),
             lease_token=None,
             claimed_by=None,
+        )
+    )
+
+
+def end(claim: Claim, status: str, error: dict[str, Any] | None, **extra: Any) -> bool:
+    """End the run ``status`` (failed, timed out, canceled) with ``error``; False when lost."""
+    return bool(
+        fenced(claim).update(
+            status=status, error=error, finished_at=Now(), lease_token=None, **extra
         )
     )
 
@@ -175,6 +215,18 @@ def release(worker_id: uuid.UUID, claims: Iterable[Claim]) -> int:
             lease_token=None,
             claimed_by=None,
         )
+    )
+
+
+def cancel_requested(run_ids: list[int]) -> list[int]:
+    """Of ``run_ids``, those asked to cancel or no longer running (taken away)."""
+    if not run_ids:
+        return []
+    return list(
+        _runs()
+        .filter(pk__in=run_ids)
+        .filter(Q(cancel_requested_at__isnull=False) | ~Q(status=Status.RUNNING))
+        .values_list("id", flat=True)
     )
 
 

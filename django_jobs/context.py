@@ -1,15 +1,47 @@
-"""JobContext: what a handler sees of its run."""
+"""JobContext: what a handler sees of its run, and the durable operations on it."""
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime, timedelta
 from functools import cached_property
 from typing import Any
 
+from django.db import DatabaseError, transaction
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from . import api, conf, lifecycle, steps
 from .claims import Claim
-from .models import JobRun, Status
+from .exceptions import (
+    ChildRunCanceled,
+    ChildRunError,
+    ChildRunFailed,
+    ChildRunTimedOut,
+    InvalidJobInput,
+    InvalidStepOutput,
+    JobCanceled,
+)
+from .models import TERMINAL_STATUSES, ClosePolicy, JobRun, Status
+from .payloads import normalize
+from .signals import step_completed
 
 logger = logging.getLogger("django_jobs.job")
+
+
+class Suspended(BaseException):
+    """Unwinds a handler whose run now waits (children, sleep); the wait is recorded.
+
+    A BaseException, so a handler's ``except Exception`` does not swallow it.
+    """
+
+
+class LeaseLost(BaseException):
+    """Unwinds a handler whose run was taken from this worker: nothing more is written."""
 
 
 class RunLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
@@ -20,14 +52,35 @@ class RunLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
         return f"run={self.extra['run_id']} type={self.extra['job_type']} {msg}", kwargs
 
 
+CHILD_ERRORS: dict[str, type[ChildRunError]] = {
+    Status.FAILED: ChildRunFailed,
+    Status.TIMED_OUT: ChildRunTimedOut,
+    Status.CANCELED: ChildRunCanceled,
+}
+
+
 class JobContext:
     """The handler's view of one attempt of one run."""
 
-    def __init__(self, claim: Claim) -> None:
+    def __init__(self, claim: Claim, *, timeout: float | None = None) -> None:
         self._claim = claim
         self.input: Any = claim.row["input"]
         self.attempt: int = claim.attempt
         self.logger = RunLogger(logger, {"run_id": claim.run_id, "job_type": claim.row["job_type"]})
+        self.started = time.monotonic()
+        self.deadline = None if timeout is None else self.started + timeout
+        self._cancel = threading.Event()
+        self.cancel_noticed_at: float | None = None
+        # Set by the worker once it ended the run over the handler's head
+        # (timeout, ignored cancel): the handler's own result will be fenced off.
+        self.fenced_off = False
+        self._occurrences: Counter[str] = Counter()
+        self._seq = 0
+        self._steps: dict[str, dict[str, Any]] | None = None
+
+    @property
+    def claim(self) -> Claim:
+        return self._claim
 
     @property
     def run_id(self) -> int:
@@ -40,11 +93,189 @@ class JobContext:
     @cached_property
     def run(self) -> JobRun:
         """The run as claimed (built from the claimed row, without a query)."""
-        return JobRun(
-            **self._claim.row,
-            status=Status.RUNNING,
-            lease_token=self._claim.lease_token,
-        )
+        return JobRun(**self._claim.row, status=Status.RUNNING, lease_token=self._claim.lease_token)
 
     def __repr__(self) -> str:
         return f"<JobContext run={self.run_id} type={self.job_type} attempt={self.attempt}>"
+
+    # --- cancellation -------------------------------------------------------------
+
+    @property
+    def cancel_requested(self) -> bool:
+        """True once the run was asked to cancel (or timed out, or was taken away)."""
+        return self._cancel.is_set()
+
+    def request_cancel(self) -> None:
+        """Called by the worker when it notices a cancel request for this run."""
+        if not self._cancel.is_set():
+            self.cancel_noticed_at = time.monotonic()
+            self._cancel.set()
+
+    def check_cancel(self) -> None:
+        """Raise ``JobCanceled`` if the run was asked to cancel; call it in long loops."""
+        if self._cancel.is_set():
+            raise JobCanceled(f"run {self.run_id} was asked to cancel")
+
+    # --- steps --------------------------------------------------------------------
+
+    def step(self, step_id: str, fn: Callable[[], Any], *, atomic: bool = False) -> Any:
+        """Run ``fn`` once for this run and remember its JSON output.
+
+        On later attempts the recorded output is returned without calling
+        ``fn``. The same ``step_id`` used again in one execution is numbered
+        (``send``, ``send#2``, ...). ``atomic=True`` runs ``fn`` and records its
+        output in one transaction: exactly once for writes to the jobs database.
+        """
+        key, seq = self._next(step_id)
+        recorded = self._recorded(key)
+        if recorded is not None:
+            return recorded["output"]
+        self.check_cancel()
+        output = self._run_step(key, seq, fn, atomic)
+        step_completed.send_robust(
+            JobRun, run_id=self.run_id, job_type=self.job_type, step_id=key, output=output
+        )
+        self.check_cancel()
+        return output
+
+    def idempotency_key(self, step_id: str) -> str:
+        """A key stable across attempts, to hand to external APIs for this step."""
+        return f"django_jobs:{self.run_id}:{step_id}"
+
+    def _next(self, step_id: str) -> tuple[str, int]:
+        if not isinstance(step_id, str) or not step_id or "#" in step_id:
+            raise ValueError(f"step id must be a non-empty string without '#', got {step_id!r}")
+        self._occurrences[step_id] += 1
+        count = self._occurrences[step_id]
+        self._seq += 1
+        return (step_id if count == 1 else f"{step_id}#{count}"), self._seq
+
+    def _recorded(self, key: str) -> dict[str, Any] | None:
+        if self._steps is None:
+            self._steps = steps.load(self.run_id)
+        row = self._steps.get(key)
+        return row if row is not None and row["status"] == "completed" else None
+
+    def _run_step(self, key: str, seq: int, fn: Callable[[], Any], atomic: bool) -> Any:
+        started = timezone.now()
+        try:
+            if atomic:
+                with transaction.atomic(using=conf.get().DATABASE):
+                    output = self._validated(key, fn())
+                    self._record(key, seq, output=output, started_at=started)
+            else:
+                output = self._validated(key, fn())
+        except (Suspended, LeaseLost):
+            raise
+        except BaseException as exc:
+            from .execution import error_record
+
+            error = error_record(
+                exc, self.attempt, retryable=not isinstance(exc, InvalidStepOutput)
+            )
+            try:
+                steps.record(self._claim, key, seq, error=error, started_at=started)
+            except DatabaseError as db_error:
+                # The step's own exception is the one that matters; the run's
+                # error records it either way.
+                self.logger.warning("step=%s failure not recorded: %s", key, db_error)
+            raise
+        if not atomic:
+            self._record(key, seq, output=output, started_at=started)
+        assert self._steps is not None
+        self._steps[key] = {"step_id": key, "status": "completed", "output": output}
+        return output
+
+    def _validated(self, key: str, value: Any) -> Any:
+        try:
+            return normalize(value, what=f"the output of step {key!r}")
+        except InvalidJobInput as exc:
+            raise InvalidStepOutput(str(exc)) from None
+
+    def _record(self, key: str, seq: int, **fields: Any) -> None:
+        if not steps.record(self._claim, key, seq, **fields):
+            raise LeaseLost(f"run {self.run_id} is no longer held by this worker")
+
+    # --- children -----------------------------------------------------------------
+
+    def spawn_child(
+        self,
+        job_type: str,
+        input: Any = None,
+        *,
+        close_policy: str = ClosePolicy.TERMINATE,
+        run_at: datetime | None = None,
+        priority: int | None = None,
+        tags: Sequence[str] = (),
+        pool: str | None = None,
+        concurrency_key: str | None = None,
+    ) -> JobRun:
+        """Start a child run, once: a replay returns the same child, never a second one."""
+        if close_policy not in ClosePolicy.values:
+            raise ValueError(
+                f"close_policy must be one of {ClosePolicy.values}, got {close_policy!r}"
+            )
+
+        def create() -> dict[str, int]:
+            child = api.start_child(
+                self.run,
+                job_type,
+                input,
+                close_policy=close_policy,
+                run_at=run_at,
+                priority=priority,
+                tags=tags,
+                pool=pool,
+                concurrency_key=concurrency_key,
+            )
+            return {"run_id": child.pk}
+
+        recorded = self.step(f"spawn:{job_type}", create, atomic=True)
+        return JobRun.objects.using(conf.get().DATABASE).get(pk=recorded["run_id"])
+
+    def wait_for(self, runs: Iterable[JobRun | int]) -> list[Any]:
+        """Return the outputs of ``runs`` (children of this run) once all have ended.
+
+        Until then the run waits without a worker slot or its concurrency key,
+        and is run again (earlier steps replayed) when the last one ends. A
+        child that failed, timed out or was canceled raises ``ChildRunFailed``,
+        ``ChildRunTimedOut`` or ``ChildRunCanceled``.
+        """
+        ids = [run.pk if isinstance(run, JobRun) else int(run) for run in runs]
+        rows = {
+            row["id"]: row
+            for row in JobRun.objects.using(conf.get().DATABASE)
+            .filter(pk__in=ids)
+            .values("id", "status", "output", "error", "parent_id")
+        }
+        strangers = [i for i in ids if i not in rows or rows[i]["parent_id"] != self.run_id]
+        if strangers:
+            raise ValueError(f"wait_for() takes children of run {self.run_id}; not: {strangers}")
+        if any(row["status"] not in TERMINAL_STATUSES for row in rows.values()):
+            self.check_cancel()
+            if not lifecycle.suspend_for(self._claim, ids):
+                raise LeaseLost(f"run {self.run_id} is no longer held by this worker")
+            raise Suspended(f"run {self.run_id} waits for {len(ids)} runs")
+        for run_id in ids:
+            row = rows[run_id]
+            if row["status"] in CHILD_ERRORS:
+                message = f"child run {run_id} ended {row['status']}"
+                raise CHILD_ERRORS[row["status"]](message, run_id, row["error"])
+        return [rows[run_id]["output"] for run_id in ids]
+
+    # --- durable sleep ------------------------------------------------------------
+
+    def sleep(self, step_id: str, duration: float | timedelta) -> None:
+        """Wait ``duration`` without holding a worker slot; resume with steps replayed."""
+        seconds = conf.to_seconds(duration)
+        wake = self.step(
+            f"sleep:{step_id}",
+            lambda: {"until": timezone.now() + timedelta(seconds=seconds)},
+        )
+        until = parse_datetime(wake["until"])
+        assert until is not None
+        if until <= timezone.now():
+            return
+        if not lifecycle.suspend_until(self._claim, until):
+            raise LeaseLost(f"run {self.run_id} is no longer held by this worker")
+        raise Suspended(f"run {self.run_id} sleeps until {until.isoformat()}")

@@ -25,3 +25,40 @@ class RunNotFound(JobsError, LookupError):
 
 class InvalidTransition(JobsError):
     """The run is not in a state that allows the requested change."""
+
+
+class InvalidStepOutput(JobsError, ValueError):
+    """A step returned something that cannot be stored as JSON (never retried)."""
+
+
+class JobCanceled(JobsError):
+    """Raised inside a handler whose run was asked to cancel; the run ends canceled."""
+
+
+class ChildRunError(JobsError):
+    """A child run awaited with ``ctx.wait_for`` did not complete."""
+
+    def __init__(self, message: str, run_id: int, error: object = None) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.error = error
+
+
+class ChildRunFailed(ChildRunError):
+    """An awaited child run failed."""
+
+
+class ChildRunTimedOut(ChildRunError):
+    """An awaited child run timed out."""
+
+
+class ChildRunCanceled(ChildRunError):
+    """An awaited child run was canceled."""
+
+
+class JobTimeout(JobsError):
+    """The run outlived its handler's ``timeout`` (stored as the run's error).
+
+    Name it in ``RetryPolicy(non_retryable=[JobTimeout])`` to end timed-out runs
+    at once instead of retrying them.
+    """

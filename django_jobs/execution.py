@@ -11,12 +11,14 @@ from enum import StrEnum
 from functools import partial
 from typing import Any
 
-from django.db import DatabaseError, InterfaceError, OperationalError, connections
+from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
+from django.db.models.functions import Now
 
-from . import claims
+from . import claims, conf, lifecycle, signals
 from .claims import Claim
-from .context import JobContext
-from .exceptions import InvalidJobInput, UnknownJobType
+from .context import JobContext, LeaseLost, Suspended
+from .exceptions import InvalidJobInput, InvalidStepOutput, JobCanceled, JobTimeout, UnknownJobType
+from .models import JobRun, Status
 from .payloads import normalize
 from .registry import JobHandler, get_handler
 
@@ -27,7 +29,21 @@ class Outcome(StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     RETRY = "retry"
+    CANCELED = "canceled"
+    TIMED_OUT = "timed_out"
+    WAITING = "waiting"  # suspended on children or a durable sleep; already recorded
     LOST = "lost"  # the lease was gone when the outcome was written: nothing written
+
+
+# The run status an outcome ends in, for outcomes that end the run.
+ENDING = {
+    Outcome.COMPLETED: Status.COMPLETED,
+    Outcome.FAILED: Status.FAILED,
+    Outcome.CANCELED: Status.CANCELED,
+    Outcome.TIMED_OUT: Status.TIMED_OUT,
+}
+
+Write = Callable[[], Outcome]
 
 
 def error_record(error: BaseException, attempt: int, *, retryable: bool) -> dict[str, Any]:
@@ -42,7 +58,9 @@ def error_record(error: BaseException, attempt: int, *, retryable: bool) -> dict
     }
 
 
-def execute(claim: Claim, *, stop: threading.Event | None = None) -> Outcome:
+def execute(
+    claim: Claim, *, ctx: JobContext | None = None, stop: threading.Event | None = None
+) -> Outcome:
     """Run the handler of ``claim`` and record what happened. Never raises for the run.
 
     ``stop`` is the worker's hard-stop event: outcome writes that fail on a dropped
@@ -54,50 +72,104 @@ def execute(claim: Claim, *, stop: threading.Event | None = None) -> Outcome:
     except UnknownJobType as exc:
         # start() refuses unknown types, so this is a deploy where this worker
         # lacks a handler the enqueuer had. Fail it visibly; it can be retried.
-        write = _fail(claim, error_record(exc, claim.attempt, retryable=False))
+        write = fail_write(claim, error_record(exc, claim.attempt, retryable=False))
     else:
-        write = _run_handler(handler, claim)
-    outcome = _settle(claim, write, stop)
+        if claim.row["cancel_requested_at"] is not None:
+            # Asked to cancel while it was between attempts: do not start it again.
+            write = cancel_write(claim, "canceled before the attempt started")
+        else:
+            ctx = ctx or JobContext(claim, timeout=handler.timeout)
+            write = _run_handler(handler, ctx)
+    outcome = settle(claim, write, stop)
     _log(claim, outcome, started)
     return outcome
 
 
-def _run_handler(handler: JobHandler, claim: Claim) -> Callable[[], Outcome]:
+def _run_handler(handler: JobHandler, ctx: JobContext) -> Write:
     """Call the handler and return the write that records its result (not yet done)."""
-    ctx = JobContext(claim)
+    claim = ctx.claim
+    signals.run_started.send_robust(
+        JobRun, run_id=claim.run_id, job_type=handler.job_type, attempt=claim.attempt
+    )
     try:
         result = handler(ctx)
+    except Suspended:
+        return lambda: Outcome.WAITING
+    except LeaseLost:
+        return lambda: Outcome.LOST
+    except JobCanceled as exc:
+        return cancel_write(claim, str(exc))
     except BaseException as exc:  # a handler's SystemExit ends its run, not the worker
-        return _on_error(handler, claim, exc)
+        if isinstance(exc, InvalidStepOutput):
+            return fail_write(claim, error_record(exc, claim.attempt, retryable=False))
+        return error_write(handler, claim, exc)
+    if ctx.deadline is not None and time.monotonic() > ctx.deadline:
+        return timeout_write(handler, claim)
     try:
         output = normalize(result, what=f"the output of {handler.job_type} run {claim.run_id}")
     except InvalidJobInput as exc:
         # Running the same code again would return the same value: not retryable.
-        return _fail(claim, error_record(exc, claim.attempt, retryable=False))
+        return fail_write(claim, error_record(exc, claim.attempt, retryable=False))
     return partial(_write, claims.complete, claim, output, Outcome.COMPLETED)
 
 
-def _on_error(handler: JobHandler, claim: Claim, exc: BaseException) -> Callable[[], Outcome]:
+def error_write(handler: JobHandler, claim: Claim, exc: BaseException) -> Write:
+    """The write for a handler that raised: a retry with backoff, or failed."""
     policy = handler.retry
     if policy.should_retry(exc, claim.attempt):
         error = error_record(exc, claim.attempt, retryable=True)
         delay = policy.delay(claim.attempt)
         return partial(_write, claims.reschedule, claim, error, Outcome.RETRY, delay)
-    return _fail(claim, error_record(exc, claim.attempt, retryable=policy.is_retryable(exc)))
+    return fail_write(claim, error_record(exc, claim.attempt, retryable=policy.is_retryable(exc)))
 
 
-def _fail(claim: Claim, error: dict[str, Any]) -> Callable[[], Outcome]:
-    return partial(_write, claims.fail, claim, error, Outcome.FAILED)
+def timeout_write(handler: JobHandler, claim: Claim) -> Write:
+    """The write for a run past its timeout: a retry per its policy, or timed out."""
+    exc = JobTimeout(f"run {claim.run_id} exceeded its timeout of {handler.timeout:g}s")
+    if handler.retry.should_retry(exc, claim.attempt):
+        return error_write(handler, claim, exc)
+    error = error_record(exc, claim.attempt, retryable=False)
+    return _end_write(claim, Outcome.TIMED_OUT, error, cancel_requested_at=Now())
+
+
+def fail_write(claim: Claim, error: dict[str, Any]) -> Write:
+    return _end_write(claim, Outcome.FAILED, error)
+
+
+def cancel_write(claim: Claim, reason: str) -> Write:
+    return _end_write(claim, Outcome.CANCELED, None, cancel_reason=reason)
+
+
+def _end_write(claim: Claim, outcome: Outcome, error: Any, **extra: Any) -> Write:
+    """The write that ends the run with ``outcome``'s status (fenced, with follow-ups)."""
+
+    def end(c: Claim, e: Any) -> bool:
+        return claims.end(c, ENDING[outcome], e, **extra)
+
+    return partial(_write, end, claim, error, outcome)
 
 
 def _write(
     fenced: Callable[..., bool], claim: Claim, value: Any, outcome: Outcome, *args: Any
 ) -> Outcome:
-    """Perform one fenced write; a lost lease turns the outcome into LOST."""
-    return outcome if fenced(claim, value, *args) else Outcome.LOST
+    """Perform one fenced write, and what a run's end implies, in one transaction.
+
+    A lost lease turns the outcome into LOST. A run that ends without a parent
+    to wake and without an unsuccessful status needs no follow-up, so it stays
+    one autocommitted statement (the hot path).
+    """
+    status = ENDING.get(outcome)
+    parent_id = claim.row["parent_id"]
+    if status is None or (parent_id is None and status == Status.COMPLETED):
+        return outcome if fenced(claim, value, *args) else Outcome.LOST
+    with transaction.atomic(using=conf.get().DATABASE):
+        if not fenced(claim, value, *args):
+            return Outcome.LOST
+        lifecycle.after_end(claim.run_id, parent_id, status)
+    return outcome
 
 
-def _settle(claim: Claim, write: Callable[[], Outcome], stop: threading.Event | None) -> Outcome:
+def settle(claim: Claim, write: Write, stop: threading.Event | None) -> Outcome:
     """Perform an outcome write, riding out a dropped database connection.
 
     A write that fails because the connection broke is retried on a fresh one,
@@ -110,7 +182,7 @@ def _settle(claim: Claim, write: Callable[[], Outcome], stop: threading.Event | 
     while True:
         discard_broken_connections()
         try:
-            return write()
+            outcome = write()
         except (OperationalError, InterfaceError) as exc:
             logger.warning(
                 "run=%s outcome not written, database unavailable (%s); retrying in %.1fs",
@@ -123,13 +195,36 @@ def _settle(claim: Claim, write: Callable[[], Outcome], stop: threading.Event | 
             if rejected:
                 return Outcome.LOST
             rejected = True
-            write = _fail(claim, error_record(exc, claim.attempt, retryable=False))
+            write = fail_write(claim, error_record(exc, claim.attempt, retryable=False))
             continue
+        else:
+            _signal(claim, outcome)
+            return outcome
         if stop is not None and stop.wait(delay):
             return Outcome.LOST
         if stop is None:
             time.sleep(delay)
         delay = min(delay * 2, 5.0)
+
+
+SIGNALS = {
+    Outcome.COMPLETED: signals.run_completed,
+    Outcome.FAILED: signals.run_failed,
+    Outcome.RETRY: signals.run_retry_scheduled,
+    Outcome.CANCELED: signals.run_canceled,
+    Outcome.TIMED_OUT: signals.run_timed_out,
+}
+
+
+def _signal(claim: Claim, outcome: Outcome) -> None:
+    signal = SIGNALS.get(outcome)
+    if signal is None:
+        return
+    for receiver, result in signal.send_robust(
+        JobRun, run_id=claim.run_id, job_type=claim.row["job_type"], attempt=claim.attempt
+    ):
+        if isinstance(result, Exception):
+            logger.error("run=%s signal receiver %r raised %r", claim.run_id, receiver, result)
 
 
 def discard_broken_connections() -> None:

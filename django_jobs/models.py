@@ -26,6 +26,8 @@ class Status(models.TextChoices):
 
 
 TERMINAL_STATUSES = frozenset({Status.COMPLETED, Status.FAILED, Status.TIMED_OUT, Status.CANCELED})
+# Ending in one of these applies the close policies of the run's children.
+UNSUCCESSFUL_STATUSES = frozenset({Status.FAILED, Status.TIMED_OUT, Status.CANCELED})
 
 
 class ClosePolicy(models.TextChoices):
@@ -116,6 +118,9 @@ class JobRun(models.Model):
         max_length=16, choices=ClosePolicy.choices, default=ClosePolicy.TERMINATE
     )
 
+    # The child runs a waiting run waits for (ctx.wait_for); NULL while it sleeps.
+    awaiting = models.JSONField(null=True, blank=True)
+
     claimed_by = models.ForeignKey(
         Worker, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs"
     )
@@ -147,6 +152,12 @@ class JobRun(models.Model):
                 name="django_jobs_run_running",
                 condition=models.Q(status="running"),
             ),
+            # Serves the wake-up of sleeping runs (claims.wake_sleepers).
+            models.Index(
+                fields=["run_at"],
+                name="django_jobs_run_waiting",
+                condition=models.Q(status="waiting"),
+            ),
             models.Index(fields=["status", "job_type"], name="django_jobs_run_status"),
             models.Index(fields=["created_at"], name="django_jobs_run_created"),
         ]
@@ -155,6 +166,13 @@ class JobRun(models.Model):
                 fields=["job_type", "idempotency_key"],
                 name="django_jobs_run_idempotency",
                 condition=models.Q(idempotency_key__isnull=False),
+            ),
+            # At most one running run per concurrency key, enforced by the
+            # database: two workers claiming at the same instant cannot both win.
+            models.UniqueConstraint(
+                fields=["concurrency_key"],
+                name="django_jobs_run_concurrency",
+                condition=models.Q(status="running", concurrency_key__isnull=False),
             ),
             models.CheckConstraint(
                 condition=models.Q(status__in=Status.values),

@@ -19,10 +19,13 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError, connections
 
-from . import claims, conf
+from . import claims, conf, lifecycle
 from .claims import Claim
-from .execution import discard_broken_connections, execute
+from .context import JobContext
+from .exceptions import UnknownJobType
+from .execution import cancel_write, discard_broken_connections, execute, settle, timeout_write
 from .models import WorkerStatus
+from .registry import get_handler
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -56,13 +59,16 @@ class Worker:
         self.heartbeat_interval = settings.HEARTBEAT_INTERVAL
         self.stale_threshold = settings.STALE_THRESHOLD
         self.shutdown_timeout = settings.SHUTDOWN_TIMEOUT
+        self.cancel_grace = settings.CANCEL_GRACE
+        # How often the watchdog checks timeouts and wakes sleeping runs.
+        self.tick = min(0.5, self.heartbeat_interval)
         self.worker_id: uuid.UUID | None = None
         self.stopping = threading.Event()  # first signal: claim nothing more, drain
         self.hard_stop = threading.Event()  # second signal or drain timeout: give runs back
         self._wake = threading.Event()
         self._slots = threading.Condition()
-        self._in_flight: dict[int, Claim] = {}
-        self._queue: queue.SimpleQueue[Claim | None] = queue.SimpleQueue()
+        self._in_flight: dict[int, JobContext] = {}
+        self._queue: queue.SimpleQueue[JobContext | None] = queue.SimpleQueue()
         self.claimed = 0
         self.finished = 0
 
@@ -176,37 +182,50 @@ class Worker:
         return False
 
     def _dispatch(self, batch: list[Claim]) -> None:
+        contexts = [JobContext(claim, timeout=_timeout_of(claim)) for claim in batch]
         with self._slots:
-            for claim in batch:
-                self._in_flight[claim.run_id] = claim
+            for ctx in contexts:
+                self._in_flight[ctx.run_id] = ctx
         self.claimed += len(batch)
-        for claim in batch:
-            self._queue.put(claim)
+        for ctx in contexts:
+            self._queue.put(ctx)
 
     # --- running ------------------------------------------------------------------
 
     def _run_slot(self) -> None:
         """One thread of the pool: run claims one after another on one kept connection."""
-        while (claim := self._queue.get()) is not None:
+        while (ctx := self._queue.get()) is not None:
             try:
-                execute(claim, stop=self.hard_stop)
+                execute(ctx.claim, ctx=ctx, stop=self.hard_stop)
             except Exception:
-                logger.exception("run=%s crashed the executor", claim.run_id)
+                logger.exception("run=%s crashed the executor", ctx.run_id)
             finally:
                 with self._slots:
-                    self._in_flight.pop(claim.run_id, None)
+                    self._in_flight.pop(ctx.run_id, None)
                     self.finished += 1
                     self._slots.notify_all()
+                # A finished run may have freed a concurrency key or woken a
+                # parent: look for due runs now rather than after a poll interval.
+                self._wake.set()
         connections.close_all()
 
-    # --- heartbeat and rescue -----------------------------------------------------
+    # --- heartbeat, rescue and the watchdog ---------------------------------------
 
     def _heartbeat_loop(self) -> None:
+        """Every tick: enforce timeouts and cancel grace, wake sleepers; every heartbeat
+        interval also: record liveness, rescue stale workers' runs, poll cancel requests."""
+        next_beat = 0.0
         while True:
-            status = WorkerStatus.STOPPING if self.stopping.is_set() else WorkerStatus.RUNNING
-            self._quietly(claims.heartbeat, self.worker_id, status)
-            self._quietly(self._rescue)
-            if self.hard_stop.wait(self.heartbeat_interval):
+            if time.monotonic() >= next_beat:
+                next_beat = time.monotonic() + self.heartbeat_interval
+                status = WorkerStatus.STOPPING if self.stopping.is_set() else WorkerStatus.RUNNING
+                self._quietly(claims.heartbeat, self.worker_id, status)
+                self._quietly(self._rescue)
+                self._quietly(self._poll_cancel_requests)
+            self._quietly(self._enforce_deadlines)
+            if self._quietly(lifecycle.wake_sleepers):
+                self._wake.set()
+            if self.hard_stop.wait(self.tick):
                 break
         connections.close_all()
 
@@ -221,6 +240,37 @@ class Worker:
             )
             self._wake.set()
 
+    def _snapshot(self) -> list[JobContext]:
+        with self._slots:
+            return list(self._in_flight.values())
+
+    def _poll_cancel_requests(self) -> None:
+        """Tell handlers whose run was asked to cancel, or was taken away, to stop."""
+        running = {ctx.run_id: ctx for ctx in self._snapshot() if not ctx.cancel_requested}
+        for run_id in claims.cancel_requested(list(running)):
+            running[run_id].request_cancel()
+
+    def _enforce_deadlines(self) -> None:
+        """End runs past their timeout, and canceled runs whose handler ignores it."""
+        now = time.monotonic()
+        for ctx in self._snapshot():
+            if ctx.deadline is not None and now > ctx.deadline and not ctx.fenced_off:
+                ctx.fenced_off = True
+                ctx.request_cancel()
+                handler = get_handler(ctx.job_type)
+                settle(ctx.claim, timeout_write(handler, ctx.claim), self.hard_stop)
+            elif (
+                ctx.cancel_noticed_at is not None
+                and now > ctx.cancel_noticed_at + self.cancel_grace
+                and not ctx.fenced_off
+            ):
+                ctx.fenced_off = True
+                settle(
+                    ctx.claim,
+                    cancel_write(ctx.claim, "canceled (handler ignored the request)"),
+                    self.hard_stop,
+                )
+
     # --- shutdown -----------------------------------------------------------------
 
     def _drain(self) -> int:
@@ -232,7 +282,7 @@ class Worker:
                 if left <= 0:
                     break
                 self._slots.wait(timeout=min(left, 0.5))
-            leftover = list(self._in_flight.values())
+            leftover = [ctx.claim for ctx in self._in_flight.values()]
         if not leftover:
             return EXIT_OK
         self.hard_stop.set()
@@ -261,3 +311,10 @@ class Worker:
             logger.warning("worker=%s database error: %s", self.worker_id, exc)
             discard_broken_connections()
             return None
+
+
+def _timeout_of(claim: Claim) -> float | None:
+    try:
+        return get_handler(claim.row["job_type"]).timeout
+    except UnknownJobType:
+        return None

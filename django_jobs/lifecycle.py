@@ -1,0 +1,185 @@
+"""Transitions around durable execution: suspend and wake, cancel, close policies.
+
+Like ``claims.py``, every write here is a conditional UPDATE on the run's
+current status, so two actors never both win a transition. The locking rules:
+
+* A child's terminal transition wakes its waiting parent in the same
+  transaction. The child first locks the parent row (``FOR UPDATE``), then
+  checks the parent's awaited runs in a fresh statement; a parent suspending
+  holds that same row lock until it commits. Whichever comes second sees the
+  other's work, so no wake-up is lost when the last children finish together.
+* Close policies walk down the tree breadth-first inside the caller's
+  transaction: a parent's unsuccessful end and its children's cancellation
+  commit together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.db.models.functions import Now
+
+from . import conf
+from .claims import Claim, fenced
+from .models import TERMINAL_STATUSES, UNSUCCESSFUL_STATUSES, ClosePolicy, JobRun, Status
+
+UNFINISHED = (Status.PENDING, Status.RUNNING, Status.WAITING)
+
+
+def _runs() -> Any:
+    return JobRun.objects.using(conf.get().DATABASE)
+
+
+def canceled_fields(reason: str) -> dict[str, Any]:
+    """The columns written when a run ends canceled."""
+    return {
+        "status": Status.CANCELED,
+        "finished_at": Now(),
+        "lease_token": None,
+        "awaiting": None,
+        "cancel_reason": reason,
+    }
+
+
+# --- after a terminal transition -------------------------------------------------------
+
+
+def after_end(run_id: int, parent_id: int | None, status: str) -> int:
+    """Apply what a run's end implies, in the caller's transaction; return runs closed.
+
+    An unsuccessful end applies the children's close policies; any end may wake
+    a parent waiting for this run.
+    """
+    closed = (
+        close_children([run_id], reason=f"parent run {run_id} ended {status}")
+        if status in UNSUCCESSFUL_STATUSES
+        else 0
+    )
+    if parent_id is not None:
+        wake_parent(parent_id)
+    return closed
+
+
+def close_children(parent_ids: Sequence[int], *, reason: str) -> int:
+    """Apply the close policy of every unfinished child of ``parent_ids``, down the tree.
+
+    ``terminate`` cancels the child at once (a running child's lease is dropped,
+    so its late writes are fenced off); ``request_cancel`` cancels a pending or
+    waiting child and asks a running one to stop cooperatively; ``abandon``
+    leaves the child alone. Returns how many runs were canceled or asked.
+    """
+    count = 0
+    frontier = list(parent_ids)
+    while frontier:
+        children = list(
+            _runs()
+            .filter(parent_id__in=frontier, status__in=UNFINISHED)
+            .exclude(close_policy=ClosePolicy.ABANDON)
+            .values("id", "status", "close_policy", "parent_id")
+        )
+        now_canceled = [
+            c["id"]
+            for c in children
+            if c["close_policy"] == ClosePolicy.TERMINATE or c["status"] != Status.RUNNING
+        ]
+        asked = [c["id"] for c in children if c["id"] not in now_canceled]
+        count += request_cancel(asked, reason)
+        # Their parents have ended, so no wake-up is due; their own children are next.
+        frontier = cancel_now(now_canceled, reason)
+        count += len(frontier)
+    return count
+
+
+def cancel_now(run_ids: Iterable[int], reason: str) -> list[int]:
+    """End the given unfinished runs canceled; return the ids that were changed."""
+    ids = list(run_ids)
+    if not ids:
+        return []
+    # Locked, so the ids returned are exactly the rows this UPDATE changes.
+    changed = list(
+        _runs()
+        .select_for_update()
+        .filter(pk__in=ids, status__in=UNFINISHED)
+        .values_list("id", flat=True)
+    )
+    _runs().filter(pk__in=changed, status__in=UNFINISHED).update(**canceled_fields(reason))
+    return changed
+
+
+def request_cancel(run_ids: Iterable[int], reason: str) -> int:
+    """Ask running runs to stop; their worker notices within a heartbeat."""
+    ids = list(run_ids)
+    if not ids:
+        return 0
+    return int(
+        _runs()
+        .filter(pk__in=ids, status=Status.RUNNING, cancel_requested_at__isnull=True)
+        .update(cancel_requested_at=Now(), cancel_reason=reason)
+    )
+
+
+# --- waiting and waking ----------------------------------------------------------------
+
+
+def wake_parent(parent_id: int) -> bool:
+    """Put ``parent_id`` back to pending if it waits and all it awaits has ended."""
+    parent = _runs().select_for_update().filter(pk=parent_id).values("status", "awaiting").first()
+    if parent is None or parent["status"] != Status.WAITING or not parent["awaiting"]:
+        return False
+    if _runs().filter(pk__in=parent["awaiting"]).exclude(status__in=TERMINAL_STATUSES).exists():
+        return False
+    return bool(
+        _runs()
+        .filter(pk=parent_id, status=Status.WAITING)
+        .update(status=Status.PENDING, run_at=Now(), awaiting=None)
+    )
+
+
+def suspend_for(claim: Claim, run_ids: list[int]) -> bool:
+    """Move a running run to waiting until ``run_ids`` have all ended; False if the lease is gone.
+
+    The attempt is given back: waiting is not a failure, and the run is
+    claimed (and counted) again when it wakes.
+    """
+    with transaction.atomic(using=conf.get().DATABASE):
+        if not fenced(claim).update(
+            status=Status.WAITING,
+            awaiting=run_ids,
+            lease_token=None,
+            claimed_by=None,
+            attempts=claim.attempt - 1,
+        ):
+            return False
+        # The children may all have ended before the row lock above was taken.
+        wake_parent(claim.run_id)
+    return True
+
+
+def suspend_until(claim: Claim, until: datetime) -> bool:
+    """Move a running run to waiting until ``until`` (a durable sleep); False if lost."""
+    return bool(
+        fenced(claim).update(
+            status=Status.WAITING,
+            awaiting=None,
+            run_at=until,
+            lease_token=None,
+            claimed_by=None,
+            attempts=claim.attempt - 1,
+        )
+    )
+
+
+def wake_sleepers(limit: int = 1000) -> int:
+    """Put runs whose durable sleep is over back to pending; return how many."""
+    due = _runs().filter(status=Status.WAITING, awaiting__isnull=True, run_at__lte=Now())
+    ids = list(due.values_list("id", flat=True)[:limit])
+    if not ids:
+        return 0
+    return int(
+        _runs()
+        .filter(pk__in=ids, status=Status.WAITING, awaiting__isnull=True)
+        .update(status=Status.PENDING)
+    )

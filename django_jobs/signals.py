@@ -1,0 +1,17 @@
+"""Signals sent on run and step transitions. Senders are ``JobRun`` / ``JobStep``.
+
+Every signal has the keyword arguments ``run_id``, ``job_type`` and ``attempt``;
+``step_completed`` has ``step_id`` and ``output`` instead of ``attempt``.
+Receivers run in the worker thread that made the transition, after it was
+written; an exception in a receiver is logged, never fails the run.
+"""
+
+from django.dispatch import Signal
+
+run_started = Signal()
+run_completed = Signal()
+run_failed = Signal()
+run_retry_scheduled = Signal()
+run_canceled = Signal()
+run_timed_out = Signal()
+step_completed = Signal()

@@ -1,0 +1,78 @@
+"""Recording steps: one fenced statement per step, replayed from ``JobStep`` rows."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import connections
+
+from . import conf
+from .claims import Claim
+from .models import JobRun, JobStep, Status
+
+
+def load(run_id: int) -> dict[str, dict[str, Any]]:
+    """Return the recorded steps of a run by step id: status, output, attempts."""
+    rows = (
+        JobStep.objects.using(conf.get().DATABASE)
+        .filter(run_id=run_id)
+        .values("step_id", "status", "output", "attempts")
+    )
+    return {row["step_id"]: dict(row) for row in rows}
+
+
+def record(
+    claim: Claim,
+    step_id: str,
+    seq: int,
+    *,
+    output: Any = None,
+    error: dict[str, Any] | None = None,
+    started_at: Any = None,
+) -> bool:
+    """Store a step's outcome while the run's lease holds; False when it does not.
+
+    One statement: the INSERT only happens if the run is still running under
+    this lease, and ``FOR SHARE`` keeps it so until this transaction ends, so
+    a rescue cannot slip between the check and an atomic step's commit. A
+    failed step recorded earlier is overwritten (its attempts counted up).
+    """
+    run_table = JobRun._meta.db_table
+    step_table = JobStep._meta.db_table
+    status = JobStep.StepStatus.FAILED if error is not None else JobStep.StepStatus.COMPLETED
+    sql = f"""
+        INSERT INTO {step_table}
+            (run_id, step_id, seq, status, attempts, output, error, started_at, finished_at)
+        SELECT %s, %s, %s, %s, 1, %s::jsonb, %s::jsonb, COALESCE(%s, now()), now()
+        WHERE EXISTS (
+            SELECT 1 FROM {run_table}
+            WHERE id = %s AND status = %s AND lease_token = %s
+            FOR SHARE
+        )
+        ON CONFLICT (run_id, step_id) DO UPDATE SET
+            seq = EXCLUDED.seq,
+            status = EXCLUDED.status,
+            attempts = {step_table}.attempts + 1,
+            output = EXCLUDED.output,
+            error = EXCLUDED.error,
+            started_at = EXCLUDED.started_at,
+            finished_at = EXCLUDED.finished_at
+        WHERE {step_table}.status <> 'completed'
+    """
+    params = [
+        claim.run_id,
+        step_id,
+        seq,
+        status,
+        None if error is not None else json.dumps(output, cls=DjangoJSONEncoder),
+        None if error is None else json.dumps(error, cls=DjangoJSONEncoder),
+        started_at,
+        claim.run_id,
+        Status.RUNNING,
+        claim.lease_token,
+    ]
+    with connections[conf.get().DATABASE].cursor() as cursor:
+        cursor.execute(sql, params)
+        return bool(cursor.rowcount)
