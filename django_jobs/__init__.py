@@ -7,23 +7,27 @@ from typing import TYPE_CHECKING, Any
 __all__ = [
     "JobContext",
     "RetryPolicy",
+    "cancel",
     "job",
+    "retry",
     "start",
     "start_many",
 ]
 
 if TYPE_CHECKING:
-    from .api import start, start_many
+    from .api import cancel, retry, start, start_many
+    from .backoff import RetryPolicy
     from .context import JobContext
     from .registry import job
-    from .retry import RetryPolicy
 
 _LAZY = {
+    "cancel": "api",
+    "retry": "api",
     "start": "api",
     "start_many": "api",
     "JobContext": "context",
     "job": "registry",
-    "RetryPolicy": "retry",
+    "RetryPolicy": "backoff",
 }
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connections, transaction
 from django.db.models import DateTimeField, Exists, ExpressionWrapper, F, OuterRef, Q, Value
 from django.db.models.functions import Now
 
@@ -137,17 +137,41 @@ def _claim(worker_id: uuid.UUID, runs: Any, limit: int) -> list[Claim]:
 
 
 def _one_per_key(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Keep the first row of each concurrency key: one batch must not start two."""
-    seen: set[str] = set()
-    kept = []
+    """Keep at most one row per concurrency key, and only keys no other claim is taking.
+
+    Two claims inserting several keys into the unique index at once could wait
+    on each other's uncommitted keys in a cycle (a deadlock). So a key is only
+    claimed under a transaction-scoped advisory lock taken without waiting: a
+    key another claim is taking right now is skipped. Other databases take at
+    most one keyed run per claim, which cannot form a cycle.
+    """
+    first: dict[str, dict[str, Any]] = {}
     for row in rows:
-        key = row["concurrency_key"]
-        if key is not None:
-            if key in seen:
-                continue
-            seen.add(key)
-        kept.append(row)
-    return kept
+        if row["concurrency_key"] is not None:
+            first.setdefault(row["concurrency_key"], row)
+    if not first:
+        return rows
+    allowed = _lock_keys(list(first))
+    kept_ids = {row["id"] for key, row in first.items() if key in allowed}
+    return [row for row in rows if row["concurrency_key"] is None or row["id"] in kept_ids]
+
+
+# Namespace of django_jobs' advisory locks (ASCII "jobs"), so that they cannot
+# collide with an application's own one-argument advisory locks.
+ADVISORY_NAMESPACE = 0x6A6F6273
+
+
+def _lock_keys(keys: list[str]) -> set[str]:
+    connection = connections[_using()]
+    if connection.vendor != "postgresql":
+        return set(keys[:1])
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT key FROM unnest(%s::text[]) AS key "
+            "WHERE pg_try_advisory_xact_lock(%s, hashtext(key))",
+            [keys, ADVISORY_NAMESPACE],
+        )
+        return {row[0] for row in cursor.fetchall()}
 
 
 # --- fenced outcome writes ------------------------------------------------------------

@@ -98,7 +98,7 @@ def _run_handler(handler: JobHandler, ctx: JobContext) -> Write:
     except LeaseLost:
         return lambda: Outcome.LOST
     except JobCanceled as exc:
-        return cancel_write(claim, str(exc))
+        return cancel_write(claim, str(exc) or "the handler raised JobCanceled")
     except BaseException as exc:  # a handler's SystemExit ends its run, not the worker
         if isinstance(exc, InvalidStepOutput):
             return fail_write(claim, error_record(exc, claim.attempt, retryable=False))
@@ -136,8 +136,11 @@ def fail_write(claim: Claim, error: dict[str, Any]) -> Write:
     return _end_write(claim, Outcome.FAILED, error)
 
 
-def cancel_write(claim: Claim, reason: str) -> Write:
-    return _end_write(claim, Outcome.CANCELED, None, cancel_reason=reason)
+def cancel_write(claim: Claim, message: str) -> Write:
+    """The write that ends the run canceled; the reason given to ``cancel()`` is kept."""
+    error = error_record(JobCanceled(message), claim.attempt, retryable=False)
+    error["traceback"] = ""
+    return _end_write(claim, Outcome.CANCELED, error)
 
 
 def _end_write(claim: Claim, outcome: Outcome, error: Any, **extra: Any) -> Write:

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from .backoff import NO_RETRY, RetryPolicy
 from .conf import to_seconds
 from .exceptions import DuplicateJobType, UnknownJobType
-from .retry import NO_RETRY, RetryPolicy
 
 if TYPE_CHECKING:
     from .context import JobContext

@@ -265,11 +265,8 @@ class Worker:
                 and not ctx.fenced_off
             ):
                 ctx.fenced_off = True
-                settle(
-                    ctx.claim,
-                    cancel_write(ctx.claim, "canceled (handler ignored the request)"),
-                    self.hard_stop,
-                )
+                message = f"the handler ignored the cancel request for {self.cancel_grace:g}s"
+                settle(ctx.claim, cancel_write(ctx.claim, message), self.hard_stop)
 
     # --- shutdown -----------------------------------------------------------------
 

@@ -41,6 +41,7 @@ DJANGO_JOBS = {
     "HEARTBEAT_INTERVAL": float(os.environ.get("DJANGO_JOBS_HEARTBEAT_INTERVAL", "1")),
     "STALE_THRESHOLD": float(os.environ.get("DJANGO_JOBS_STALE_THRESHOLD", "3")),
     "SHUTDOWN_TIMEOUT": float(os.environ.get("DJANGO_JOBS_SHUTDOWN_TIMEOUT", "10")),
+    "CANCEL_GRACE": float(os.environ.get("DJANGO_JOBS_CANCEL_GRACE", "30")),
 }
 
 MIDDLEWARE = [

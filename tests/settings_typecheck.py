@@ -6,4 +6,4 @@ import os
 
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@localhost/typecheck")
 
-from tests.settings import *  # noqa: E402, F403
+from tests.settings import *  # noqa: F403

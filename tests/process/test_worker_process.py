@@ -72,7 +72,7 @@ def test_second_signal_exits_at_once(start_worker: StartWorker) -> None:
 def test_sigkilled_workers_run_is_rescued_by_another_worker(start_worker: StartWorker) -> None:
     run = start("tests.sleep", {"seconds": 1.5})
     victim = start_worker("--pool", "default")
-    wait_until(lambda: status_of(run) == Status.RUNNING)
+    wait_until(lambda: Execution.objects.filter(run_id=run.pk).exists())
     victim.signal(signal.SIGKILL)
     victim.wait(timeout=10)
     rescuer = start_worker("--pool", "default")

@@ -7,6 +7,8 @@ import signal
 import time
 from typing import Any
 
+from django.utils import timezone
+
 from django_jobs import JobContext, RetryPolicy, job
 
 from .models import Execution
@@ -94,3 +96,128 @@ def system_exit(ctx: JobContext) -> None:
 @job("tests.priority", pool="prio")
 def priority(ctx: JobContext) -> None:
     record(ctx)
+
+
+# --- durable execution ----------------------------------------------------------------
+
+
+def effect(ctx: JobContext, name: str) -> int:
+    """A side effect a step performs: one Execution row named after it."""
+    row = Execution.objects.create(
+        run_id=ctx.run_id, job_type=f"effect:{name}", attempt=ctx.attempt, pid=os.getpid()
+    )
+    return row.pk
+
+
+@job("tests.three_steps", retry=RetryPolicy(attempts=3, base_delay=0))
+def three_steps(ctx: JobContext) -> dict[str, Any]:
+    """Three steps; the third can sleep (to be killed mid-step) or fail on early attempts."""
+    a = ctx.step("a", lambda: effect(ctx, "a"))
+    b = ctx.step("b", lambda: effect(ctx, "b"))
+
+    def third() -> int:
+        effect(ctx, "c-started")
+        time.sleep(ctx.input.get("sleep_in_c", 0))
+        if ctx.attempt < ctx.input.get("fail_c_until", 0):
+            raise RuntimeError("step c failed")
+        return effect(ctx, "c")
+
+    c = ctx.step("c", third)
+    return {"a": a, "b": b, "c": c}
+
+
+@job("tests.loop_steps", retry=RetryPolicy(attempts=2, base_delay=0))
+def loop_steps(ctx: JobContext) -> list[int]:
+    sent = [ctx.step("send", lambda: effect(ctx, "send")) for _ in range(3)]
+    if ctx.attempt == 1:
+        raise RuntimeError("fail after the loop")
+    return sent
+
+
+@job("tests.atomic_step", retry=RetryPolicy(attempts=2, base_delay=0))
+def atomic_step(ctx: JobContext) -> int:
+    row = ctx.step("write", lambda: effect(ctx, "write"), atomic=True)
+    if ctx.attempt == 1:
+        raise RuntimeError("fail after the atomic step")
+    return row
+
+
+@job("tests.atomic_step_fails", retry=RetryPolicy(attempts=2, base_delay=0))
+def atomic_step_fails(ctx: JobContext) -> int:
+    def write_then_fail() -> int:
+        row = effect(ctx, "write")
+        if ctx.attempt == 1:
+            raise RuntimeError("fail inside the atomic step")
+        return row
+
+    return ctx.step("write", write_then_fail, atomic=True)
+
+
+@job("tests.bad_step", retry=RetryPolicy(attempts=3, base_delay=0))
+def bad_step(ctx: JobContext) -> None:
+    ctx.step("unstorable", object)
+
+
+@job("tests.parent", retry=RetryPolicy(attempts=2, base_delay=0))
+def parent(ctx: JobContext) -> dict[str, Any]:
+    """Spawn input["n"] children, optionally fail once after spawning, then wait for them."""
+    effect(ctx, "parent-body")
+    children = [
+        ctx.spawn_child(ctx.input.get("child", "tests.echo"), {"i": i})
+        for i in range(ctx.input.get("n", 2))
+    ]
+    if ctx.input.get("fail_first") and ctx.attempt == 1:
+        raise RuntimeError("fail after spawning")
+    outputs = ctx.wait_for(children)
+    return {"children": [c.pk for c in children], "outputs": outputs}
+
+
+@job("tests.parent_of_failure")
+def parent_of_failure(ctx: JobContext) -> str:
+    child = ctx.spawn_child("tests.permanent", {})
+    try:
+        ctx.wait_for([child])
+    except Exception as exc:
+        return type(exc).__name__
+    return "no error"
+
+
+@job("tests.sleeper")
+def sleeper(ctx: JobContext) -> str:
+    ctx.step("before", lambda: effect(ctx, "before"))
+    ctx.sleep("nap", ctx.input.get("seconds", 0.5))
+    ctx.step("after", lambda: effect(ctx, "after"))
+    return "rested"
+
+
+@job("tests.cooperative")
+def cooperative(ctx: JobContext) -> str:
+    effect(ctx, "cooperative")
+    deadline = time.monotonic() + ctx.input.get("seconds", 30)
+    while time.monotonic() < deadline:
+        ctx.check_cancel()
+        time.sleep(0.05)
+    return "finished"
+
+
+@job("tests.ignoring")
+def ignoring(ctx: JobContext) -> str:
+    effect(ctx, "ignoring")
+    time.sleep(ctx.input.get("seconds", 5))
+    return "finished anyway"
+
+
+@job("tests.slow", timeout=0.5)
+def slow(ctx: JobContext) -> str:
+    effect(ctx, "slow")
+    time.sleep(ctx.input.get("seconds", 3))
+    return "too late"
+
+
+@job("tests.keyed", concurrency_key=lambda input: input.get("key"))
+def keyed(ctx: JobContext) -> None:
+    row = Execution.objects.create(
+        run_id=ctx.run_id, job_type="keyed", attempt=ctx.attempt, pid=os.getpid()
+    )
+    time.sleep(ctx.input.get("seconds", 0.02))
+    Execution.objects.filter(pk=row.pk).update(finished_at=timezone.now())

@@ -11,6 +11,7 @@ class Execution(models.Model):
     attempt = models.PositiveIntegerField()
     pid = models.PositiveIntegerField()
     started_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True)
 
     def __str__(self) -> str:
         return f"run {self.run_id} attempt {self.attempt} in pid {self.pid}"

@@ -6,7 +6,7 @@ from datetime import timedelta
 import pytest
 
 from django_jobs import RetryPolicy
-from django_jobs.retry import NO_RETRY, backoff_delay
+from django_jobs.backoff import NO_RETRY, backoff_delay
 
 
 class Declined(Exception):
