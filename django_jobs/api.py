@@ -15,7 +15,6 @@ from .exceptions import InvalidJobInput, InvalidTransition, RunNotFound
 from .models import TERMINAL_STATUSES, JobRun, JobStep, Status
 from .payloads import normalize
 from .registry import JobHandler, get_handler
-from .signals import run_canceled
 
 RETRYABLE_STATUSES = frozenset({Status.FAILED, Status.TIMED_OUT, Status.CANCELED})
 PRIORITY_MIN = -32768
@@ -127,8 +126,6 @@ def cancel(
             count += lifecycle.close_children([run.pk], reason=f"parent run {run.pk} canceled")
         if run.parent_id is not None:
             lifecycle.wake_parent(run.parent_id)
-    if count:
-        run_canceled.send_robust(JobRun, run_id=run.pk, job_type=run.job_type, attempt=run.attempts)
     return count
 
 

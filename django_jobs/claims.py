@@ -306,7 +306,7 @@ def rescue_stale(
     with transaction.atomic(using=_using()):
         rows = list(
             runs.select_for_update(skip_locked=True, of=("self",)).values(
-                "id", "attempts", "max_attempts", "claimed_by_id"
+                "id", "attempts", "max_attempts", "parent_id"
             )[:limit]
         )
         if not rows:
@@ -336,4 +336,12 @@ def rescue_stale(
                     },
                 )
             )
+            # A run failed here ends like any failed run: its children are closed
+            # by their policies and a waiting parent is woken. (Imported here:
+            # lifecycle builds on this module.)
+            from .lifecycle import after_end
+
+            for row in rows:
+                if row["id"] in spent:
+                    after_end(row["id"], row["parent_id"], Status.FAILED)
     return int(requeued), int(failed)

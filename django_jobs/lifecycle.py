@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from django.db import transaction
@@ -25,6 +26,7 @@ from django.db.models.functions import Now
 from . import conf
 from .claims import Claim, fenced
 from .models import TERMINAL_STATUSES, UNSUCCESSFUL_STATUSES, ClosePolicy, JobRun, Status
+from .signals import run_canceled
 
 UNFINISHED = (Status.PENDING, Status.RUNNING, Status.WAITING)
 
@@ -94,19 +96,29 @@ def close_children(parent_ids: Sequence[int], *, reason: str) -> int:
 
 
 def cancel_now(run_ids: Iterable[int], reason: str) -> list[int]:
-    """End the given unfinished runs canceled; return the ids that were changed."""
+    """End the given unfinished runs canceled; return the ids that were changed.
+
+    ``run_canceled`` is sent for each once the transaction commits.
+    """
     ids = list(run_ids)
     if not ids:
         return []
-    # Locked, so the ids returned are exactly the rows this UPDATE changes.
-    changed = list(
+    # Locked, so the rows returned are exactly the rows this UPDATE changes.
+    rows = list(
         _runs()
         .select_for_update()
         .filter(pk__in=ids, status__in=UNFINISHED)
-        .values_list("id", flat=True)
+        .values_list("id", "job_type", "attempts")
     )
+    changed = [row[0] for row in rows]
     _runs().filter(pk__in=changed, status__in=UNFINISHED).update(**canceled_fields(reason))
+    transaction.on_commit(partial(_announce_canceled, rows), using=conf.get().DATABASE)
     return changed
+
+
+def _announce_canceled(rows: list[tuple[int, str, int]]) -> None:
+    for run_id, job_type, attempts in rows:
+        run_canceled.send_robust(JobRun, run_id=run_id, job_type=job_type, attempt=attempts)
 
 
 def request_cancel(run_ids: Iterable[int], reason: str) -> int:

@@ -161,7 +161,7 @@ def test_retry_refuses_runs_that_did_not_end_badly(state: str) -> None:
         retry(run.pk)
 
 
-def test_signals_are_sent_for_each_transition() -> None:
+def test_signals_are_sent_for_each_transition(django_capture_on_commit_callbacks: Any) -> None:
     seen: list[tuple[str, int]] = []
 
     def receiver(name: str) -> Any:
@@ -186,7 +186,8 @@ def test_signals_are_sent_for_each_transition() -> None:
         failing = start("tests.permanent")
         stepped = start("tests.loop_steps")
         canceled = start("tests.noop", run_at=None)
-        cancel(canceled.pk)
+        with django_capture_on_commit_callbacks(execute=True):
+            cancel(canceled.pk)
         drain()
     finally:
         for name, fn in handlers.items():

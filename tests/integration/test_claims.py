@@ -249,3 +249,16 @@ def test_heartbeat_updates_the_worker_row() -> None:
     assert worker.status == WorkerStatus.STOPPING
     assert timezone.now() - worker.heartbeat_at < timedelta(minutes=1)
     assert claims.heartbeat(uuid.uuid4(), WorkerStatus.RUNNING) is False
+
+
+def test_a_rescued_run_without_attempts_closes_its_children_and_wakes_its_parent() -> None:
+    stale = WorkerFactory()
+    make_stale(stale)
+    parent = JobRunFactory(status=Status.WAITING)
+    lost = RunningJobRunFactory(claimed_by=stale, attempts=1, max_attempts=1, parent=parent)
+    JobRun.objects.filter(pk=parent.pk).update(awaiting=[lost.pk])
+    grandchild = JobRunFactory(parent=lost, root=parent)
+    assert claims.rescue_stale(None, stale_after=60) == (0, 1)
+    assert JobRun.objects.get(pk=lost.pk).status == Status.FAILED
+    assert JobRun.objects.get(pk=grandchild.pk).status == Status.CANCELED
+    assert JobRun.objects.get(pk=parent.pk).status == Status.PENDING
