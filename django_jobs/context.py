@@ -139,8 +139,14 @@ class JobContext:
         return output
 
     def idempotency_key(self, step_id: str) -> str:
-        """A key stable across attempts, to hand to external APIs for this step."""
-        return f"django_jobs:{self.run_id}:{step_id}"
+        """A key stable across attempts, to hand to external APIs for this step.
+
+        Called inside the step's function, it names that occurrence of the step
+        (``send#2`` in the second pass of a loop), so each occurrence gets its own key.
+        """
+        count = self._occurrences.get(step_id, 0)
+        key = step_id if count <= 1 else f"{step_id}#{count}"
+        return f"django_jobs:{self.run_id}:{key}"
 
     def _next(self, step_id: str) -> tuple[str, int]:
         if not isinstance(step_id, str) or not step_id or "#" in step_id:

@@ -1,4 +1,4 @@
-"""Signals sent on run and step transitions. Senders are ``JobRun`` / ``JobStep``.
+"""Signals sent on run and step transitions. The sender is always ``JobRun``.
 
 Every signal has the keyword arguments ``run_id``, ``job_type`` and ``attempt``;
 ``step_completed`` has ``step_id`` and ``output`` instead of ``attempt``.

@@ -5,23 +5,29 @@ from __future__ import annotations
 import os
 import socket
 
-from . import claims
+from . import claims, lifecycle
 from .execution import execute
 
 
 def drain(pool: str | None = None, *, batch_size: int = 100) -> int:
     """Run due runs in this process, one after another, until none is due; return how many ran.
 
-    ``pool=None`` drains every pool. Runs that retry with a backoff become due
-    later and are not waited for; runs are claimed and recorded exactly as a
-    worker would (attempts, leases, fenced outcomes), under a short-lived
-    Worker row named after this process.
+    ``pool=None`` drains every pool. Runs that retry with a backoff, and durable
+    sleeps, become due later and are not waited for (a sleep that is over is
+    woken and run). Runs are claimed and recorded exactly as a worker would
+    (attempts, leases, fenced outcomes), under a short-lived Worker row named
+    after this process.
     """
     pools = None if pool is None else [pool]
     worker = claims.register_worker(f"{socket.gethostname()} (drain)", os.getpid(), pools, 1)
     ran = 0
     try:
-        while batch := claims.claim_batch(worker.pk, pools, batch_size):
+        while True:
+            # Sleeps that are over are woken first, as a worker's watchdog would.
+            lifecycle.wake_sleepers()
+            batch = claims.claim_batch(worker.pk, pools, batch_size)
+            if not batch:
+                break
             for claim in batch:
                 execute(claim)
                 ran += 1

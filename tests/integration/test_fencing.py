@@ -66,3 +66,11 @@ def test_a_handler_whose_lease_is_lost_mid_run_ends_lost() -> None:
     JobRun.objects.filter(pk=claim.run_id).update(status=Status.CANCELED)
     assert execute(claim) is Outcome.LOST
     assert not JobStep.objects.exists()
+
+
+def test_idempotency_keys_are_stable_and_distinct_per_occurrence() -> None:
+    ctx = claimed_context()
+    keys = [ctx.step("send", lambda: ctx.idempotency_key("send")) for _ in range(3)]
+    assert keys == [f"django_jobs:{ctx.run_id}:send{suffix}" for suffix in ("", "#2", "#3")]
+    replay = JobContext(ctx.claim)
+    assert [replay.step("send", lambda: "not called") for _ in range(3)] == keys
