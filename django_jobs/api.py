@@ -159,6 +159,18 @@ def retry(run_id: int, *, reset_steps: bool = False, tenant_id: str | None = Non
     return run
 
 
+def run_now(run_id: int, *, tenant_id: str | None = None) -> bool:
+    """Make a pending run due now (its ``run_at`` set to now); False if it is not pending."""
+    using = conf.get().DATABASE
+    with transaction.atomic(using=using):
+        run = _locked(run_id, tenant_id)
+        return bool(
+            JobRun.objects.using(using)
+            .filter(pk=run.pk, status=Status.PENDING)
+            .update(run_at=Now())
+        )
+
+
 def _locked(run_id: int, tenant_id: str | None) -> JobRun:
     """Return run ``run_id`` locked for update, within ``tenant_id`` when given."""
     if isinstance(run_id, bool) or not isinstance(run_id, int):

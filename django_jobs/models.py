@@ -136,6 +136,11 @@ class JobRun(models.Model):
 
     class Meta:
         ordering = ["-id"]
+        permissions = [
+            ("retry_jobrun", "Can retry runs"),
+            ("cancel_jobrun", "Can cancel runs"),
+            ("run_now_jobrun", "Can start pending runs now"),
+        ]
         indexes = [
             # Serves the claim query (claims.claim_batch) and nothing else: only
             # pending rows are in it, so its size does not grow with history.
@@ -160,6 +165,11 @@ class JobRun(models.Model):
             ),
             models.Index(fields=["status", "job_type"], name="django_jobs_run_status"),
             models.Index(fields=["created_at"], name="django_jobs_run_created"),
+            models.Index(
+                fields=["tenant_id"],
+                name="django_jobs_run_tenant",
+                condition=models.Q(tenant_id__isnull=False),
+            ),
         ]
         constraints = [
             models.UniqueConstraint(

@@ -1,0 +1,71 @@
+"""HTML fragments the admin pages show: status badges, JSON, durations, links."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+from ..models import JobRun, Status
+
+EMPTY = "-"  # what the admin shows for "no value", as Django's own columns do
+
+STATUS_COLOURS: dict[str, str] = {
+    Status.PENDING: "#6c757d",
+    Status.RUNNING: "#0d6efd",
+    Status.WAITING: "#6f42c1",
+    Status.COMPLETED: "#198754",
+    Status.FAILED: "#dc3545",
+    Status.TIMED_OUT: "#fd7e14",
+    Status.CANCELED: "#495057",
+}
+
+
+def badge(status: str) -> SafeString:
+    label = Status(status).label if status in Status.values else status
+    return format_html(
+        '<span class="dj-status dj-status-{}" style="background:{};color:#fff;'
+        'padding:2px 8px;border-radius:10px;white-space:nowrap">{}</span>',
+        status,
+        STATUS_COLOURS.get(status, "#6c757d"),
+        label,
+    )
+
+
+def pretty_json(value: Any, *, limit: int | None = None) -> SafeString:
+    """JSON indented in a <pre>, escaped (format_html escapes every argument)."""
+    text = json.dumps(value, cls=DjangoJSONEncoder, indent=2, ensure_ascii=False, sort_keys=True)
+    if limit is not None and len(text) > limit:
+        text = text[:limit] + " …"
+    return format_html('<pre class="dj-json" style="white-space:pre-wrap;margin:0">{}</pre>', text)
+
+
+def preformatted(text: str) -> SafeString:
+    return format_html('<pre style="white-space:pre-wrap;margin:0">{}</pre>', text)
+
+
+def duration(start: datetime | None, end: datetime | None) -> str:
+    if start is None or end is None or end < start:
+        return EMPTY
+    seconds = (end - start).total_seconds()
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min"
+
+
+def run_link(run_id: int | None, text: str | None = None) -> SafeString | str:
+    if run_id is None:
+        return EMPTY
+    url = reverse("admin:django_jobs_jobrun_change", args=[run_id])
+    return format_html('<a href="{}">{}</a>', url, text or f"#{run_id}")
+
+
+def run_label(run: JobRun) -> SafeString | str:
+    return format_html("{} {} {}", run_link(run.pk), run.job_type, badge(run.status))

@@ -1,0 +1,194 @@
+"""Retry, Cancel and Run now: bulk actions and buttons on the run page.
+
+Each asks for confirmation, calls ``django_jobs.api``, reports counts with
+``message_user`` and records a ``LogEntry`` per run changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+
+from .. import api
+from ..exceptions import JobsError
+from ..models import JobRun
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One operator action: its permission, wording and the api call behind it."""
+
+    name: str
+    verb: str
+    permission: str  # codename prefix: "<permission>_jobrun"
+    explanation: str
+    option: tuple[str, str, bool] | None  # (field name, label, checked by default)
+    apply: Callable[[JobRun, bool], int]
+
+
+OPERATIONS = {
+    op.name: op
+    for op in [
+        Operation(
+            "retry",
+            "Retry",
+            "retry",
+            "Failed, timed-out and canceled runs go back to pending with fresh attempts. "
+            "Completed steps replay unless you reset them. Other runs are skipped.",
+            ("reset_steps", "Reset steps: completed steps run again", False),
+            lambda run, reset: int(api.retry(run.pk, reset_steps=reset) is not None),
+        ),
+        Operation(
+            "cancel",
+            "Cancel",
+            "cancel",
+            "Pending and waiting runs are canceled at once; running runs are asked to stop. "
+            "Finished runs are skipped.",
+            ("cascade", "Cascade: apply the children's close policies", True),
+            lambda run, cascade: api.cancel(
+                run.pk, cascade=cascade, reason="canceled from the admin"
+            ),
+        ),
+        Operation(
+            "run_now",
+            "Run now",
+            "run_now",
+            "Pending runs become due now. Other runs are skipped.",
+            None,
+            lambda run, _: int(api.run_now(run.pk)),
+        ),
+    ]
+}
+
+
+class OperationsMixin:
+    """Adds the operations to a ModelAdmin of JobRun, as actions and as run-page buttons."""
+
+    actions = ["retry_runs", "cancel_runs", "run_runs_now"]
+    opts: Any
+    admin_site: Any
+
+    # --- permissions (custom model permissions, see JobRun.Meta.permissions) -----
+
+    def _has(self, request: HttpRequest, operation: str) -> bool:
+        return bool(request.user.has_perm(f"{self.opts.app_label}.{operation}_jobrun"))
+
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        return self._has(request, "retry")
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return self._has(request, "cancel")
+
+    def has_run_now_permission(self, request: HttpRequest) -> bool:
+        return self._has(request, "run_now")
+
+    # --- bulk actions -------------------------------------------------------------
+
+    @admin.action(permissions=["retry"], description="Retry selected runs")
+    def retry_runs(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> HttpResponse | None:
+        return self._bulk(request, queryset, OPERATIONS["retry"])
+
+    @admin.action(permissions=["cancel"], description="Cancel selected runs")
+    def cancel_runs(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> HttpResponse | None:
+        return self._bulk(request, queryset, OPERATIONS["cancel"])
+
+    @admin.action(permissions=["run_now"], description="Run selected pending runs now")
+    def run_runs_now(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> HttpResponse | None:
+        return self._bulk(request, queryset, OPERATIONS["run_now"])
+
+    def _bulk(
+        self, request: HttpRequest, queryset: QuerySet[JobRun], op: Operation
+    ) -> HttpResponse | None:
+        if request.POST.get("confirm") == "yes":
+            self._perform(request, list(queryset), op)
+            return None
+        return self._confirmation(request, op, list(queryset[:100]), queryset.count(), bulk=True)
+
+    # --- the buttons on a run's page ----------------------------------------------
+
+    def get_urls(self) -> list[URLPattern]:
+        info = self.opts.app_label, self.opts.model_name
+        urls = [
+            path(
+                f"<path:object_id>/{op.name.replace('_', '-')}/",
+                self.admin_site.admin_view(self._single_view(op)),
+                name="{}_{}_{}".format(*info, op.name),
+            )
+            for op in OPERATIONS.values()
+        ]
+        return [*urls, *super().get_urls()]  # type: ignore[misc]
+
+    def _single_view(self, op: Operation) -> Callable[..., HttpResponse]:
+        def view(request: HttpRequest, object_id: str) -> HttpResponse:
+            if not self._has(request, op.permission):
+                raise PermissionDenied
+            try:
+                run = get_object_or_404(JobRun, pk=int(object_id))
+            except ValueError:
+                raise PermissionDenied from None
+            change_url = reverse(
+                f"admin:{self.opts.app_label}_{self.opts.model_name}_change", args=[run.pk]
+            )
+            if request.method == "POST" and request.POST.get("confirm") == "yes":
+                self._perform(request, [run], op)
+                return HttpResponseRedirect(change_url)
+            return self._confirmation(request, op, [run], 1, bulk=False)
+
+        return view
+
+    def run_operations(self, request: HttpRequest) -> list[Operation]:
+        """The operations this user may perform (the run page shows their buttons)."""
+        return [op for op in OPERATIONS.values() if self._has(request, op.permission)]
+
+    # --- shared -------------------------------------------------------------------
+
+    def _perform(self, request: HttpRequest, runs: list[JobRun], op: Operation) -> None:
+        flag = False
+        if op.option is not None:
+            flag = request.POST.get(op.option[0]) == "on"
+        changed = skipped = 0
+        for run in runs:
+            try:
+                count = op.apply(run, flag)
+            except JobsError:
+                count = 0
+            if count:
+                changed += 1
+                detail = f" ({op.option[0]})" if op.option and flag else ""
+                self.log_change(request, run, f"{op.verb}{detail} via the admin")  # type: ignore[attr-defined]
+            else:
+                skipped += 1
+        level = messages.SUCCESS if changed else messages.WARNING
+        self.message_user(  # type: ignore[attr-defined]
+            request, f"{op.verb}: {changed} run(s) changed, {skipped} skipped.", level
+        )
+
+    def _confirmation(
+        self, request: HttpRequest, op: Operation, runs: list[JobRun], total: int, *, bulk: bool
+    ) -> HttpResponse:
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"{op.verb}: are you sure?",
+            "opts": self.opts,
+            "operation": op,
+            "runs": runs,
+            "total": total,
+            "bulk": bulk,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "action_name": {
+                "retry": "retry_runs",
+                "cancel": "cancel_runs",
+                "run_now": "run_runs_now",
+            }[op.name],
+        }
+        return TemplateResponse(request, "admin/django_jobs/jobrun/confirm_operation.html", context)

@@ -1,0 +1,344 @@
+"""JobRunAdmin: the changelist and the read-only run page."""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any
+
+from django.contrib import admin
+from django.core.paginator import Paginator
+from django.db import connections
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+from .. import conf
+from ..models import JobRun, JobStep, Worker
+from ..registry import all_handlers
+from . import display
+from .display import EMPTY
+from .operations import OperationsMixin
+
+# Children listed on a run's page; the rest are counted.
+CHILDREN_SHOWN = 50
+
+
+class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
+    """Use PostgreSQL's row estimate for the unfiltered changelist of a large table.
+
+    A ``COUNT(*)`` over millions of runs on every page load is what makes an
+    admin slow; a filtered changelist still counts exactly.
+    """
+
+    @cached_property
+    def count(self) -> int:
+        query = self.object_list
+        if isinstance(query, QuerySet) and not query.query.where:
+            connection = connections[query.db]
+            if connection.vendor == "postgresql":
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        "SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass",
+                        [query.model._meta.db_table],
+                    )
+                    row = cursor.fetchone()
+                if row is not None and row[0] > 100_000:
+                    return int(row[0])
+        return super().count
+
+
+class JobTypeFilter(admin.SimpleListFilter):
+    title = "job type"
+    parameter_name = "job_type"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        # From the registry, not a DISTINCT over the whole table.
+        return [(name, name) for name in sorted(all_handlers())]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> QuerySet[JobRun]:
+        return queryset.filter(job_type=self.value()) if self.value() else queryset
+
+
+class PoolFilter(admin.SimpleListFilter):
+    title = "pool"
+    parameter_name = "pool"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        pools = {handler.pool for handler in all_handlers().values()}
+        for worker_pools in Worker.objects.using(conf.get().DATABASE).values_list(
+            "pools", flat=True
+        )[:500]:
+            pools.update(worker_pools or [])
+        return [(name, name) for name in sorted(pools)]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> QuerySet[JobRun]:
+        return queryset.filter(pool=self.value()) if self.value() else queryset
+
+
+class TenantFilter(admin.SimpleListFilter):
+    title = "tenant"
+    parameter_name = "tenant"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        tenants = (
+            JobRun.objects.using(conf.get().DATABASE)
+            .filter(tenant_id__isnull=False)
+            .order_by("tenant_id")
+            .values_list("tenant_id", flat=True)
+            .distinct()[:100]
+        )
+        return [(t, t) for t in tenants if t is not None]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> QuerySet[JobRun]:
+        return queryset.filter(tenant_id=self.value()) if self.value() else queryset
+
+
+class JobRunAdmin(OperationsMixin, admin.ModelAdmin):  # type: ignore[type-arg,misc]
+    list_display = [
+        "id",
+        "job_type",
+        "status_badge",
+        "pool",
+        "priority",
+        "attempts_display",
+        "created_at",
+        "started_at",
+        "finished_at",
+        "duration",
+    ]
+    list_display_links = ["id", "job_type"]
+    list_filter = ["status", PoolFilter, JobTypeFilter, TenantFilter, "created_at"]
+    search_help_text = "Run id, job type, tag or idempotency key (exact)."
+    search_fields = ["job_type"]  # enables the box; get_search_results does the work
+    ordering = ["-id"]
+    list_per_page = 50
+    show_full_result_count = False
+    paginator = EstimatedCountPaginator
+    change_form_template = "admin/django_jobs/jobrun/change_form.html"
+    change_list_template = "admin/django_jobs/jobrun/change_list.html"
+    fieldsets = [
+        (
+            None,
+            {
+                "fields": [
+                    "id",
+                    "job_type",
+                    "status_badge",
+                    "pool",
+                    "priority",
+                    "attempts_display",
+                    "tenant_id",
+                    "tags",
+                    "concurrency_key",
+                    "idempotency_key",
+                ]
+            },
+        ),
+        (
+            "Times",
+            {
+                "fields": [
+                    "created_at",
+                    "run_at",
+                    "started_at",
+                    "finished_at",
+                    "duration",
+                    "cancel_requested_at",
+                    "cancel_reason",
+                ]
+            },
+        ),
+        ("Data", {"fields": ["input_pretty", "output_pretty", "error_summary", "traceback"]}),
+        ("Steps", {"fields": ["step_timeline"]}),
+        (
+            "Family",
+            {
+                "fields": [
+                    "parent_link",
+                    "root_link",
+                    "children_links",
+                    "close_policy",
+                    "trigger",
+                ]
+            },
+        ),
+        ("Worker", {"fields": ["worker_link", "lease_token"]}),
+    ]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [str(f) for _, options in self.fieldsets for f in options["fields"]]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # runs change only through the actions (django_jobs.api)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # finished runs are pruned in batches, not from a form
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
+        queryset = self.get_queryset(request).select_related("parent", "root", "claimed_by")
+        try:
+            return queryset.get(pk=int(object_id))
+        except (ValueError, JobRun.DoesNotExist):
+            return None
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[JobRun], search_term: str
+    ) -> tuple[QuerySet[JobRun], bool]:
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        from django.db.models import Q
+
+        match = Q(job_type=term) | Q(idempotency_key=term) | Q(tags__contains=[term])
+        if term.isdigit() and len(term) < 19:
+            match |= Q(pk=int(term))
+        return queryset.filter(match), False
+
+    # --- columns ------------------------------------------------------------------
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, run: JobRun) -> SafeString:
+        return display.badge(run.status)
+
+    @admin.display(description="attempts", ordering="attempts")
+    def attempts_display(self, run: JobRun) -> str:
+        return f"{run.attempts}/{run.max_attempts}"
+
+    @admin.display(description="duration")
+    def duration(self, run: JobRun) -> str:
+        return display.duration(run.started_at, run.finished_at)
+
+    # --- the run page -------------------------------------------------------------
+
+    @admin.display(description="input")
+    def input_pretty(self, run: JobRun) -> SafeString:
+        return display.pretty_json(run.input)
+
+    @admin.display(description="output")
+    def output_pretty(self, run: JobRun) -> SafeString | str:
+        return EMPTY if run.output is None else display.pretty_json(run.output)
+
+    @admin.display(description="error")
+    def error_summary(self, run: JobRun) -> SafeString | str:
+        if not run.error:
+            return EMPTY
+        return format_html(
+            "<strong>{}</strong>: {} <small>(attempt {})</small>",
+            run.error.get("type", ""),
+            run.error.get("message", ""),
+            run.error.get("attempt", "?"),
+        )
+
+    @admin.display(description="traceback")
+    def traceback(self, run: JobRun) -> SafeString | str:
+        text = (run.error or {}).get("traceback")
+        return display.preformatted(text) if text else EMPTY
+
+    @admin.display(description="steps")
+    def step_timeline(self, run: JobRun) -> SafeString | str:
+        steps = list(
+            JobStep.objects.using(conf.get().DATABASE).filter(run_id=run.pk).order_by("seq", "id")
+        )
+        if not steps:
+            return EMPTY
+        rows = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    step.seq,
+                    step.step_id,
+                    display.badge(step.status),
+                    step.attempts,
+                    display.duration(step.started_at, step.finished_at),
+                    display.pretty_json(
+                        step.output if step.error is None else step.error, limit=300
+                    ),
+                )
+                for step in steps
+            ),
+        )
+        return format_html(
+            '<table class="dj-steps"><thead><tr><th>#</th><th>step</th><th>status</th>'
+            "<th>attempts</th><th>duration</th><th>output / error</th></tr></thead>"
+            "<tbody>{}</tbody></table>",
+            rows,
+        )
+
+    @admin.display(description="parent")
+    def parent_link(self, run: JobRun) -> SafeString | str:
+        return EMPTY if run.parent is None else display.run_label(run.parent)
+
+    @admin.display(description="root")
+    def root_link(self, run: JobRun) -> SafeString | str:
+        return EMPTY if run.root is None else display.run_label(run.root)
+
+    @admin.display(description="children")
+    def children_links(self, run: JobRun) -> SafeString | str:
+        children = list(
+            JobRun.objects.using(conf.get().DATABASE)
+            .filter(parent_id=run.pk)
+            .only("id", "job_type", "status")
+            .order_by("id")[: CHILDREN_SHOWN + 1]
+        )
+        if not children:
+            return EMPTY
+        items = format_html_join(
+            "", "<li>{}</li>", ((display.run_label(c),) for c in children[:CHILDREN_SHOWN])
+        )
+        more = ""
+        if len(children) > CHILDREN_SHOWN:
+            more = format_html("<li>… more: filter by parent</li>")
+        return format_html('<ul style="margin:0;padding-left:1em">{}{}</ul>', items, more)
+
+    @admin.display(description="trigger")
+    def trigger(self, run: JobRun) -> str:
+        return f"{run.trigger_source} {run.trigger_ref}".strip()
+
+    @admin.display(description="worker")
+    def worker_link(self, run: JobRun) -> SafeString | str:
+        worker = run.claimed_by
+        if worker is None:
+            return EMPTY
+        from django.urls import reverse
+
+        url = reverse("admin:django_jobs_worker_change", args=[worker.pk])
+        return format_html('<a href="{}">{}</a> ({})', url, str(worker), worker.status)
+
+    # --- extra pages --------------------------------------------------------------
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
+    ) -> Any:
+        extra = {**(extra_context or {}), "run_operations": self.run_operations(request)}
+        return super().change_view(request, object_id, form_url, extra)
+
+    def get_urls(self) -> list[Any]:
+        from django.urls import path
+
+        pools = path(
+            "pools/",
+            self.admin_site.admin_view(self.pools_view),
+            name="django_jobs_jobrun_pools",
+        )
+        return [pools, *super().get_urls()]
+
+    def pools_view(self, request: HttpRequest) -> Any:
+        from django.core.exceptions import PermissionDenied
+        from django.template.response import TemplateResponse
+
+        from .workers import pool_overview
+
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Pools",
+            "opts": self.opts,
+            "pools": pool_overview(),
+        }
+        return TemplateResponse(request, "admin/django_jobs/jobrun/pools.html", context)

@@ -1,0 +1,142 @@
+"""WorkerAdmin, and the per-pool overview page."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import Count, Min, Q, QuerySet
+from django.http import HttpRequest
+from django.utils import timezone
+from django.utils.html import format_html_join
+from django.utils.safestring import SafeString
+
+from .. import conf
+from ..models import JobRun, Status, Worker, WorkerStatus
+from . import display
+from .display import EMPTY
+
+
+class WorkerAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = [
+        "__str__",
+        "status",
+        "pool_list",
+        "concurrency",
+        "running",
+        "started_at",
+        "heartbeat_at",
+        "heartbeat_age",
+        "stopped_at",
+    ]
+    list_filter = ["status"]
+    ordering = ["-started_at"]
+    readonly_fields = (
+        "id",
+        "hostname",
+        "pid",
+        "status",
+        "pool_list",
+        "concurrency",
+        "started_at",
+        "heartbeat_at",
+        "heartbeat_age",
+        "stopped_at",
+        "running_runs",
+    )
+    fields = readonly_fields
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Worker]:
+        queryset: QuerySet[Worker] = super().get_queryset(request)
+        return queryset.annotate(running_count=Count("runs", filter=Q(runs__status=Status.RUNNING)))
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description="pools")
+    def pool_list(self, worker: Worker) -> str:
+        return ", ".join(worker.pools or [])
+
+    @admin.display(description="running", ordering="running_count")
+    def running(self, worker: Worker) -> int:
+        return int(getattr(worker, "running_count", 0))
+
+    @admin.display(description="heartbeat age")
+    def heartbeat_age(self, worker: Worker) -> str:
+        if worker.status in (WorkerStatus.STOPPED, WorkerStatus.LOST):
+            return EMPTY
+        return display.duration(worker.heartbeat_at, timezone.now())
+
+    @admin.display(description="running runs")
+    def running_runs(self, worker: Worker) -> SafeString | str:
+        runs = list(
+            JobRun.objects.using(conf.get().DATABASE)
+            .filter(claimed_by=worker, status=Status.RUNNING)
+            .only("id", "job_type", "status")[:100]
+        )
+        if not runs:
+            return EMPTY
+        return format_html_join(", ", "{}", ((display.run_label(run),) for run in runs))
+
+
+def pool_overview() -> list[dict[str, Any]]:
+    """Per pool: unfinished runs by status, oldest due pending run, recent failures, workers."""
+    runs = JobRun.objects.using(conf.get().DATABASE)
+    now = timezone.now()
+    pools: dict[str, dict[str, Any]] = {}
+
+    def pool(name: str) -> dict[str, Any]:
+        return pools.setdefault(
+            name,
+            {
+                "pool": name,
+                "pending": 0,
+                "running": 0,
+                "waiting": 0,
+                "failed_last_hour": 0,
+                "oldest_due": None,
+                "workers": 0,
+            },
+        )
+
+    unfinished = (
+        runs.filter(status__in=[Status.PENDING, Status.RUNNING, Status.WAITING])
+        .values("pool", "status")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    for counted in unfinished:
+        pool(counted["pool"])[counted["status"]] = counted["n"]
+    due = (
+        runs.filter(status=Status.PENDING, run_at__lte=now)
+        .values("pool")
+        .annotate(oldest=Min("run_at"))
+        .order_by()
+    )
+    for oldest in due:
+        pool(oldest["pool"])["oldest_due"] = display.duration(oldest["oldest"], now)
+    failed = (
+        runs.filter(
+            status__in=[Status.FAILED, Status.TIMED_OUT],
+            finished_at__gte=now - timedelta(hours=1),
+        )
+        .values("pool")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    for failures in failed:
+        pool(failures["pool"])["failed_last_hour"] = failures["n"]
+    live = Worker.objects.using(conf.get().DATABASE).filter(
+        status__in=[WorkerStatus.RUNNING, WorkerStatus.STOPPING]
+    )
+    for pools_of_worker in live.values_list("pools", flat=True):
+        for name in pools_of_worker or []:
+            pool(name)["workers"] += 1
+    return [pools[name] for name in sorted(pools)]

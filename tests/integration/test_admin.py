@@ -1,0 +1,284 @@
+"""The admin with Django's test client: pages, actions, permissions, escaping, query counts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+from django.urls import reverse
+
+from django_jobs.models import JobRun, JobStep, Status
+from tests.factories import JobRunFactory, JobStepFactory, RunningJobRunFactory, WorkerFactory
+
+pytestmark = pytest.mark.django_db
+
+CHANGELIST = reverse("admin:django_jobs_jobrun_changelist")
+
+
+def change_url(run: JobRun) -> str:
+    return reverse("admin:django_jobs_jobrun_change", args=[run.pk])
+
+
+def op_url(run: JobRun, name: str) -> str:
+    return reverse(f"admin:django_jobs_jobrun_{name}", args=[run.pk])
+
+
+def user_with(*codenames: str) -> Client:
+    user = User.objects.create_user(
+        f"user-{'-'.join(codenames) or 'none'}", password="x", is_staff=True
+    )
+    user.user_permissions.set(Permission.objects.filter(codename__in=codenames))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def operator() -> Client:
+    return user_with(
+        "view_jobrun", "retry_jobrun", "cancel_jobrun", "run_now_jobrun", "view_worker"
+    )
+
+
+@pytest.fixture
+def viewer() -> Client:
+    return user_with("view_jobrun", "view_worker")
+
+
+def status(run: JobRun) -> str:
+    return JobRun.objects.values_list("status", flat=True).get(pk=run.pk)
+
+
+def action(client: Client, name: str, runs: list[JobRun], **extra: str) -> Any:
+    data = {"action": name, "_selected_action": [r.pk for r in runs], "index": 0, **extra}
+    return client.post(CHANGELIST, data, follow=True)
+
+
+# --- pages ------------------------------------------------------------------------
+
+
+def test_changelist_shows_runs_with_badges_and_filters(operator: Client) -> None:
+    failed = JobRunFactory(status=Status.FAILED, job_type="tests.flaky")
+    done = JobRunFactory(status=Status.COMPLETED, tenant_id="acme")
+    response = operator.get(CHANGELIST, {"status__exact": "failed"})
+    assert response.status_code == 200
+    content = response.content.decode()
+    assert f">{failed.pk}<" in content
+    assert f">{done.pk}<" not in content
+    assert "dj-status-failed" in content
+    for title in ("By job type", "By pool", "By tenant", "By status"):
+        assert title.lower() in content.lower()
+
+
+@pytest.mark.parametrize("field", ["id", "tag", "idempotency_key", "job_type"])
+def test_search_finds_runs(operator: Client, field: str) -> None:
+    run = JobRunFactory(job_type="tests.echo", tags=["vip"], idempotency_key="order-77")
+    other = JobRunFactory()
+    term = {
+        "id": str(run.pk),
+        "tag": "vip",
+        "idempotency_key": "order-77",
+        "job_type": "tests.echo",
+    }[field]
+    response = operator.get(CHANGELIST, {"q": term})
+    pks = [r.pk for r in response.context["cl"].result_list]
+    assert pks == [run.pk]
+    assert other.pk not in pks
+
+
+def test_the_changelist_query_count_does_not_grow_with_runs(
+    operator: Client, django_assert_max_num_queries: Any
+) -> None:
+    JobRunFactory.create_batch(3)
+    operator.get(CHANGELIST)  # warm caches (content types, sessions)
+    with django_assert_max_num_queries(12) as few:
+        assert operator.get(CHANGELIST).status_code == 200
+    JobRunFactory.create_batch(60)
+    with django_assert_max_num_queries(len(few.captured_queries)):
+        assert operator.get(CHANGELIST).status_code == 200
+
+
+def test_run_page_escapes_payloads(operator: Client) -> None:
+    evil = "<script>alert(1)</script>"
+    run = JobRunFactory(
+        status=Status.FAILED,
+        input={"note": evil},
+        error={"type": evil, "message": evil, "traceback": evil, "attempt": 1},
+    )
+    content = operator.get(change_url(run)).content.decode()
+    assert evil not in content
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in content
+
+
+def test_run_page_shows_steps_family_and_worker(operator: Client) -> None:
+    worker = WorkerFactory()
+    parent = JobRunFactory(job_type="tests.parent")
+    run = RunningJobRunFactory(parent=parent, root=parent, claimed_by=worker, output=None)
+    child = JobRunFactory(parent=run, root=parent, job_type="tests.echo")
+    JobStepFactory(run=run, step_id="charge", output={"id": "ch_1"})
+    content = operator.get(change_url(run)).content.decode()
+    assert "charge" in content and "ch_1" in content
+    assert change_url(parent) in content
+    assert change_url(child) in content
+    assert reverse("admin:django_jobs_worker_change", args=[worker.pk]) in content
+
+
+def test_the_run_page_query_count_does_not_grow_with_steps(
+    operator: Client, django_assert_max_num_queries: Any
+) -> None:
+    run = JobRunFactory()
+    JobStepFactory.create_batch(2, run=run)
+    operator.get(change_url(run))
+    with django_assert_max_num_queries(15) as few:
+        assert operator.get(change_url(run)).status_code == 200
+    JobStepFactory.create_batch(60, run=run)
+    JobRunFactory.create_batch(20, parent=run, root=run)
+    with django_assert_max_num_queries(len(few.captured_queries)):
+        assert operator.get(change_url(run)).status_code == 200
+
+
+def test_run_page_has_no_save_or_delete(operator: Client) -> None:
+    content = operator.get(change_url(JobRunFactory())).content.decode()
+    assert 'name="_save"' not in content
+    assert "deletelink" not in content
+
+
+def test_workers_and_pools_pages(operator: Client) -> None:
+    worker = WorkerFactory(pools=["default", "mail"])
+    RunningJobRunFactory(claimed_by=worker)
+    JobRunFactory(pool="mail")
+    workers = operator.get(reverse("admin:django_jobs_worker_changelist"))
+    assert workers.status_code == 200
+    assert str(worker) in workers.content.decode()
+    pools = operator.get(reverse("admin:django_jobs_jobrun_pools"))
+    assert pools.status_code == 200
+    rows = {p["pool"]: p for p in pools.context["pools"]}
+    assert rows["default"]["running"] == 1
+    assert rows["mail"]["pending"] == 1
+    assert rows["mail"]["workers"] == 1
+
+
+# --- actions ----------------------------------------------------------------------
+
+
+def test_bulk_retry_asks_then_retries_and_logs(operator: Client) -> None:
+    failed = JobRunFactory(status=Status.FAILED)
+    done = JobRunFactory(status=Status.COMPLETED)
+    JobStepFactory(run=failed)
+    confirm = action(operator, "retry_runs", [failed, done])
+    assert b"are you sure" in confirm.content
+    assert status(failed) == Status.FAILED
+    response = action(operator, "retry_runs", [failed, done], confirm="yes", reset_steps="on")
+    assert status(failed) == Status.PENDING
+    assert status(done) == Status.COMPLETED
+    assert not JobStep.objects.filter(run=failed).exists()
+    assert "1 run(s) changed, 1 skipped" in response.content.decode()
+    entry = LogEntry.objects.get(object_id=str(failed.pk))
+    assert "Retry (reset_steps)" in entry.get_change_message()
+
+
+def test_bulk_cancel_with_cascade(operator: Client) -> None:
+    parent = JobRunFactory()
+    child = JobRunFactory(parent=parent, root=parent)
+    action(operator, "cancel_runs", [parent], confirm="yes", cascade="on")
+    assert status(parent) == Status.CANCELED
+    assert status(child) == Status.CANCELED
+
+
+def test_bulk_cancel_without_cascade(operator: Client) -> None:
+    parent = JobRunFactory()
+    child = JobRunFactory(parent=parent, root=parent)
+    action(operator, "cancel_runs", [parent], confirm="yes")
+    assert (status(parent), status(child)) == (Status.CANCELED, Status.PENDING)
+
+
+def test_bulk_run_now(operator: Client) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    later = JobRunFactory(run_at=timezone.now() + timedelta(days=1))
+    action(operator, "run_runs_now", [later], confirm="yes")
+    later.refresh_from_db()
+    assert later.run_at <= timezone.now()
+
+
+def test_run_page_buttons_confirm_then_act(operator: Client) -> None:
+    run = JobRunFactory(status=Status.TIMED_OUT)
+    page = operator.get(change_url(run)).content.decode()
+    for name in ("retry", "cancel", "run_now"):
+        assert op_url(run, name) in page
+    assert b"are you sure" in operator.get(op_url(run, "retry")).content
+    assert status(run) == Status.TIMED_OUT
+    response = operator.post(op_url(run, "retry"), {"confirm": "yes"})
+    assert response.status_code == 302
+    assert response["Location"] == change_url(run)
+    assert status(run) == Status.PENDING
+    assert LogEntry.objects.filter(object_id=str(run.pk)).count() == 1
+
+
+# --- permissions ------------------------------------------------------------------
+
+
+def test_a_viewer_sees_no_operations(viewer: Client) -> None:
+    run = JobRunFactory(status=Status.FAILED)
+    changelist = viewer.get(CHANGELIST)
+    assert changelist.status_code == 200
+    assert "retry_runs" not in changelist.content.decode()
+    page = viewer.get(change_url(run)).content.decode()
+    assert op_url(run, "retry") not in page
+
+
+def test_a_forged_bulk_action_without_permission_changes_nothing(viewer: Client) -> None:
+    run = JobRunFactory(status=Status.FAILED)
+    action(viewer, "retry_runs", [run], confirm="yes")
+    action(viewer, "cancel_runs", [run], confirm="yes")
+    assert status(run) == Status.FAILED
+    assert not LogEntry.objects.exists()
+
+
+@pytest.mark.parametrize("name", ["retry", "cancel", "run_now"])
+def test_a_forged_button_post_without_permission_is_refused(viewer: Client, name: str) -> None:
+    run = JobRunFactory(status=Status.FAILED)
+    assert viewer.post(op_url(run, name), {"confirm": "yes"}).status_code == 403
+    assert status(run) == Status.FAILED
+
+
+def test_one_permission_does_not_grant_another() -> None:
+    client = user_with("view_jobrun", "cancel_jobrun")
+    run = JobRunFactory(status=Status.FAILED)
+    assert client.post(op_url(run, "retry"), {"confirm": "yes"}).status_code == 403
+    assert status(run) == Status.FAILED
+
+
+def test_anonymous_users_are_sent_to_login() -> None:
+    run = JobRunFactory(status=Status.FAILED)
+    for url in (CHANGELIST, change_url(run), op_url(run, "retry")):
+        response = Client().get(url)
+        assert response.status_code == 302
+        assert "/login/" in response["Location"]
+    response = Client().post(op_url(run, "retry"), {"confirm": "yes"})
+    assert response.status_code == 302
+    assert status(run) == Status.FAILED
+
+
+def test_csrf_is_enforced() -> None:
+    user = User.objects.create_superuser("root", password="x")
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(user)
+    run = JobRunFactory(status=Status.FAILED)
+    assert client.post(op_url(run, "retry"), {"confirm": "yes"}).status_code == 403
+    response = client.post(
+        CHANGELIST, {"action": "retry_runs", "_selected_action": [run.pk], "confirm": "yes"}
+    )
+    assert response.status_code == 403
+    assert status(run) == Status.FAILED
+
+
+def test_unknown_run_ids_in_button_urls() -> None:
+    client = user_with("view_jobrun", "retry_jobrun")
+    assert client.get(reverse("admin:django_jobs_jobrun_retry", args=[999999])).status_code == 404
+    assert client.get("/admin/django_jobs/jobrun/abc/retry/").status_code in (403, 404)
