@@ -21,7 +21,7 @@ from django.urls import URLPattern, path, reverse
 
 from .. import api
 from ..exceptions import JobsError
-from ..models import JobRun
+from ..models import UNSUCCESSFUL_STATUSES, JobRun, Status
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,7 @@ class Operation:
     explanation: str
     option: tuple[str, str, bool] | None  # (field name, label, checked by default)
     apply: Callable[[JobRun, bool], int]
+    statuses: frozenset[str]  # the run statuses it changes (others are skipped)
 
 
 OPERATIONS = {
@@ -47,6 +48,7 @@ OPERATIONS = {
             "Completed steps replay unless you reset them. Other runs are skipped.",
             ("reset_steps", "Reset steps: completed steps run again", False),
             lambda run, reset: int(api.retry(run.pk, reset_steps=reset) is not None),
+            frozenset(UNSUCCESSFUL_STATUSES),
         ),
         Operation(
             "cancel",
@@ -58,6 +60,7 @@ OPERATIONS = {
             lambda run, cascade: api.cancel(
                 run.pk, cascade=cascade, reason="canceled from the admin"
             ),
+            frozenset({Status.PENDING, Status.RUNNING, Status.WAITING}),
         ),
         Operation(
             "run_now",
@@ -66,6 +69,7 @@ OPERATIONS = {
             "Pending runs become due now. Other runs are skipped.",
             None,
             lambda run, _: int(api.run_now(run.pk)),
+            frozenset({Status.PENDING}),
         ),
     ]
 }
@@ -146,9 +150,13 @@ class OperationsMixin:
 
         return view
 
-    def run_operations(self, request: HttpRequest) -> list[Operation]:
-        """The operations this user may perform (the run page shows their buttons)."""
-        return [op for op in OPERATIONS.values() if self._has(request, op.permission)]
+    def run_operations(self, request: HttpRequest, run: JobRun | None) -> list[Operation]:
+        """The operations this user may perform on ``run`` (the run page's buttons)."""
+        return [
+            op
+            for op in OPERATIONS.values()
+            if self._has(request, op.permission) and (run is None or run.status in op.statuses)
+        ]
 
     # --- shared -------------------------------------------------------------------
 

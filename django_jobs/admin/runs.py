@@ -114,6 +114,7 @@ class JobRunAdmin(OperationsMixin, admin.ModelAdmin):  # type: ignore[type-arg,m
     ordering = ["-id"]
     list_per_page = 50
     show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER  # per-filter COUNTs are too dear on a big table
     paginator = EstimatedCountPaginator
     change_form_template = "admin/django_jobs/jobrun/change_form.html"
     change_list_template = "admin/django_jobs/jobrun/change_list.html"
@@ -314,7 +315,8 @@ class JobRunAdmin(OperationsMixin, admin.ModelAdmin):  # type: ignore[type-arg,m
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
     ) -> Any:
-        extra = {**(extra_context or {}), "run_operations": self.run_operations(request)}
+        run = self.get_object(request, object_id)
+        extra = {**(extra_context or {}), "run_operations": self.run_operations(request, run)}
         return super().change_view(request, object_id, form_url, extra)
 
     def get_urls(self) -> list[Any]:
