@@ -115,12 +115,12 @@ def cancel(
     """
     using = conf.get().DATABASE
     with transaction.atomic(using=using):
-        run = _locked(run_id, tenant_id)
+        run = _locked(run_id, tenant_id, parent_first=True)
         if run.status in TERMINAL_STATUSES:
             return 0
         reason = reason or "canceled"
         if run.status == Status.RUNNING:
-            return lifecycle.request_cancel([run.pk], reason)
+            return lifecycle.request_cancel([run.pk], reason, cascade=cascade)
         count = len(lifecycle.cancel_now([run.pk], reason))
         if cascade:
             count += lifecycle.close_children([run.pk], reason=f"parent run {run.pk} canceled")
@@ -149,6 +149,7 @@ def retry(run_id: int, *, reset_steps: bool = False, tenant_id: str | None = Non
             finished_at=None,
             cancel_requested_at=None,
             cancel_reason="",
+            cancel_cascade=True,
             lease_token=None,
             claimed_by=None,
             awaiting=None,
@@ -171,12 +172,18 @@ def run_now(run_id: int, *, tenant_id: str | None = None) -> bool:
         )
 
 
-def _locked(run_id: int, tenant_id: str | None) -> JobRun:
-    """Return run ``run_id`` locked for update, within ``tenant_id`` when given."""
+def _locked(run_id: int, tenant_id: str | None, *, parent_first: bool = False) -> JobRun:
+    """Return run ``run_id`` locked for update, within ``tenant_id`` when given.
+
+    With ``parent_first``, the run's parent is locked before the run (the
+    ancestors-first order of ``lifecycle``), for changes that may wake it.
+    """
     if isinstance(run_id, bool) or not isinstance(run_id, int):
         raise RunNotFound(f"run ids are integers, got {run_id!r}")
-    runs = JobRun.objects.using(conf.get().DATABASE).select_for_update()
-    run = runs.filter(pk=run_id).first()
+    runs = JobRun.objects.using(conf.get().DATABASE)
+    if parent_first:
+        lifecycle.lock_parent(runs.filter(pk=run_id).values_list("parent_id", flat=True).first())
+    run = runs.select_for_update().filter(pk=run_id).first()
     if run is None:
         raise RunNotFound(f"no run with id {run_id}")
     if tenant_id is not None and run.tenant_id != tenant_id:

@@ -117,9 +117,12 @@ def _matches(entry: type[BaseException] | str, error: BaseException) -> bool:
         return isinstance(error, entry)
     cls = type(error)
     names = {cls.__name__, f"{cls.__module__}.{cls.__qualname__}"}
-    code = getattr(error, "code", None)
-    if code is not None:
-        names.add(str(code))
+    try:
+        code = getattr(error, "code", None)
+        if code is not None:
+            names.add(str(code))
+    except Exception:  # an exception whose attributes raise still gets classified
+        pass
     return entry in names
 
 

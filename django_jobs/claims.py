@@ -101,9 +101,10 @@ def claim_batch(worker_id: uuid.UUID, pools: Sequence[str] | None, limit: int) -
     try:
         return _claim(worker_id, runs, limit)
     except IntegrityError:
-        # Two claimers took runs of one free concurrency key at the same instant;
-        # the unique index let one win. This claim wrote nothing; try next tick.
-        logger.debug("claim lost a concurrency-key race; retrying on the next tick")
+        # The unique index refused a second running run of one key (a race the
+        # advisory locks should prevent) or the worker row is gone. This claim
+        # wrote nothing; the next tick tries again.
+        logger.warning("claim refused by an integrity constraint; retrying", exc_info=True)
         return []
 
 
@@ -171,7 +172,17 @@ def _lock_keys(keys: list[str]) -> set[str]:
             "WHERE pg_try_advisory_xact_lock(%s, hashtext(key))",
             [keys, ADVISORY_NAMESPACE],
         )
-        return {row[0] for row in cursor.fetchall()}
+        locked = {row[0] for row in cursor.fetchall()}
+    if not locked:
+        return locked
+    # A claim that held one of these keys may have committed after this
+    # claim's first statement began; this new statement sees it.
+    busy = set(
+        _runs()
+        .filter(concurrency_key__in=locked, status=Status.RUNNING)
+        .values_list("concurrency_key", flat=True)
+    )
+    return locked - busy
 
 
 # --- fenced outcome writes ------------------------------------------------------------
@@ -258,9 +269,20 @@ def cancel_requested(run_ids: list[int]) -> list[int]:
 
 
 def register_worker(
-    hostname: str, pid: int, pools: Sequence[str] | None, concurrency: int
+    hostname: str,
+    pid: int,
+    pools: Sequence[str] | None,
+    concurrency: int,
+    worker_id: uuid.UUID | None = None,
 ) -> Worker:
-    worker = Worker(hostname=hostname, pid=pid, pools=list(pools or []), concurrency=concurrency)
+    """Insert this worker's row (again, under the same id, when ``worker_id`` is given)."""
+    worker = Worker(
+        id=worker_id or uuid.uuid4(),
+        hostname=hostname,
+        pid=pid,
+        pools=list(pools or []),
+        concurrency=concurrency,
+    )
     worker.save(using=_using(), force_insert=True)
     return worker
 
@@ -306,42 +328,40 @@ def rescue_stale(
     with transaction.atomic(using=_using()):
         rows = list(
             runs.select_for_update(skip_locked=True, of=("self",)).values(
-                "id", "attempts", "max_attempts", "parent_id"
+                "id", "attempts", "max_attempts", "parent_id", "lease_token"
             )[:limit]
         )
-        if not rows:
-            return 0, 0
-        spent = [row["id"] for row in rows if row["attempts"] >= row["max_attempts"]]
         again = [row["id"] for row in rows if row["attempts"] < row["max_attempts"]]
         requeued = (
             _runs()
             .filter(pk__in=again, status=Status.RUNNING)
             .update(status=Status.PENDING, run_at=Now(), lease_token=None, claimed_by=None)
         )
-        failed = 0
-        if spent:
-            failed = (
-                _runs()
-                .filter(pk__in=spent, status=Status.RUNNING)
-                .update(
-                    status=Status.FAILED,
-                    finished_at=Now(),
-                    lease_token=None,
-                    error={
-                        "type": "WorkerLost",
-                        "message": "the worker running this run stopped heartbeating and "
-                        "the run has no attempts left",
-                        "traceback": "",
-                        "attempt": None,
-                    },
-                )
-            )
-            # A run failed here ends like any failed run: its children are closed
-            # by their policies and a waiting parent is woken. (Imported here:
-            # lifecycle builds on this module.)
-            from .lifecycle import after_end
+    # Runs without attempts left end failed like any failed run (children
+    # closed, a waiting parent woken), one transaction each so that the parent
+    # is locked before the run (lifecycle's ancestors-first order). The lease
+    # read above fences each: a run claimed again meanwhile is left alone.
+    failed = sum(_fail_lost(row) for row in rows if row["attempts"] >= row["max_attempts"])
+    return int(requeued), failed
 
-            for row in rows:
-                if row["id"] in spent:
-                    after_end(row["id"], row["parent_id"], Status.FAILED)
-    return int(requeued), int(failed)
+
+WORKER_LOST = {
+    "type": "WorkerLost",
+    "message": "the worker running this run stopped heartbeating and the run has no attempts left",
+    "traceback": "",
+    "attempt": None,
+}
+
+
+def _fail_lost(row: dict[str, Any]) -> int:
+    from .lifecycle import after_end, lock_parent  # lifecycle builds on this module
+
+    claim = Claim(
+        row={"id": row["id"], "attempts": row["attempts"]}, lease_token=row["lease_token"]
+    )
+    with transaction.atomic(using=_using()):
+        lock_parent(row["parent_id"])
+        if not end(claim, Status.FAILED, {**WORKER_LOST, "attempt": row["attempts"]}):
+            return 0
+        after_end(row["id"], row["parent_id"], Status.FAILED)
+    return 1

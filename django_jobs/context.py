@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from functools import cached_property
 from typing import Any
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connections, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -74,6 +74,9 @@ class JobContext:
         # Set by the worker once it ended the run over the handler's head
         # (timeout, ignored cancel): the handler's own result will be fenced off.
         self.fenced_off = False
+        # Transactions already open when the handler was called (a test's, or
+        # drain() inside one); set by execution. Deeper ones are the handler's.
+        self.atomic_depth = 0
         self._occurrences: Counter[str] = Counter()
         self._seq = 0
         self._steps: dict[str, dict[str, Any]] | None = None
@@ -258,9 +261,7 @@ class JobContext:
         if strangers:
             raise ValueError(f"wait_for() takes children of run {self.run_id}; not: {strangers}")
         if any(row["status"] not in TERMINAL_STATUSES for row in rows.values()):
-            self.check_cancel()
-            if not lifecycle.suspend_for(self._claim, ids):
-                raise LeaseLost(f"run {self.run_id} is no longer held by this worker")
+            self._suspend(lifecycle.suspend_for, ids)
             raise Suspended(f"run {self.run_id} waits for {len(ids)} runs")
         for run_id in ids:
             row = rows[run_id]
@@ -282,6 +283,22 @@ class JobContext:
         assert until is not None
         if until <= timezone.now():
             return
-        if not lifecycle.suspend_until(self._claim, until):
-            raise LeaseLost(f"run {self.run_id} is no longer held by this worker")
+        self._suspend(lifecycle.suspend_until, until)
         raise Suspended(f"run {self.run_id} sleeps until {until.isoformat()}")
+
+    def _suspend(self, suspend: Callable[[Claim, Any], str], arg: Any) -> None:
+        """Record that the run waits; raise if it cannot (canceled, lost, in a transaction)."""
+        self.check_cancel()
+        connection = connections[conf.get().DATABASE]
+        if len(connection.atomic_blocks) > self.atomic_depth:
+            # Unwinding would roll the suspension back and leave the run running.
+            raise RuntimeError(
+                f"run {self.run_id}: ctx.sleep() and ctx.wait_for() cannot be called "
+                "inside transaction.atomic(); call them outside it"
+            )
+        outcome = suspend(self._claim, arg)
+        if outcome == lifecycle.CANCEL_REQUESTED:
+            self.request_cancel()
+            self.check_cancel()
+        if outcome == lifecycle.LOST:
+            raise LeaseLost(f"run {self.run_id} is no longer held by this worker")

@@ -47,15 +47,31 @@ Write = Callable[[], Outcome]
 
 
 def error_record(error: BaseException, attempt: int, *, retryable: bool) -> dict[str, Any]:
-    """Describe ``error`` for ``JobRun.error``: type, message, traceback, attempt."""
+    """Describe ``error`` for ``JobRun.error``: type, message, traceback, attempt.
+
+    Never raises, and never returns text the database would refuse: an
+    exception that cannot be printed is described as such.
+    """
     cls = type(error)
     return {
         "type": f"{cls.__module__}.{cls.__qualname__}",
-        "message": str(error),
-        "traceback": "".join(traceback.format_exception(error)),
+        "message": _storable(_safely(lambda: str(error), cls)),
+        "traceback": _storable(_safely(lambda: "".join(traceback.format_exception(error)), cls)),
         "attempt": attempt,
         "retryable": retryable,
     }
+
+
+def _safely(render: Callable[[], str], cls: type) -> str:
+    try:
+        return render()
+    except Exception:
+        return f"<unprintable {cls.__name__}>"
+
+
+def _storable(text: str) -> str:
+    """Text a jsonb column accepts: no NUL characters, no lone surrogates."""
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def execute(
@@ -67,6 +83,17 @@ def execute(
     connection are retried until they land or it is set.
     """
     started = time.monotonic()
+    try:
+        outcome = _execute(claim, ctx, stop)
+    except Exception as exc:
+        # A bug of ours, not the handler's: still end the run, never leave it running.
+        logger.exception("run=%s could not be executed", claim.run_id)
+        outcome = settle(claim, _last_resort(claim, exc), stop)
+    _log(claim, outcome, started)
+    return outcome
+
+
+def _execute(claim: Claim, ctx: JobContext | None, stop: threading.Event | None) -> Outcome:
     try:
         handler = get_handler(claim.row["job_type"])
     except UnknownJobType as exc:
@@ -80,9 +107,19 @@ def execute(
         else:
             ctx = ctx or JobContext(claim, timeout=handler.timeout)
             write = _run_handler(handler, ctx)
-    outcome = settle(claim, write, stop)
-    _log(claim, outcome, started)
-    return outcome
+    return settle(claim, write, stop)
+
+
+def _last_resort(claim: Claim, exc: Exception) -> Write:
+    """A bare fenced fail, with no follow-up work that could fail again."""
+    error = {
+        "type": "django_jobs.ExecutionError",
+        "message": _safely(lambda: repr(exc), Exception),
+        "traceback": "",
+        "attempt": claim.attempt,
+        "retryable": False,
+    }
+    return lambda: Outcome.FAILED if claims.fail(claim, error) else Outcome.LOST
 
 
 def _run_handler(handler: JobHandler, ctx: JobContext) -> Write:
@@ -91,6 +128,7 @@ def _run_handler(handler: JobHandler, ctx: JobContext) -> Write:
     signals.run_started.send_robust(
         JobRun, run_id=claim.run_id, job_type=handler.job_type, attempt=claim.attempt
     )
+    ctx.atomic_depth = len(connections[conf.get().DATABASE].atomic_blocks)
     try:
         result = handler(ctx)
     except Suspended:
@@ -166,6 +204,7 @@ def _write(
     if status is None or (parent_id is None and status == Status.COMPLETED):
         return outcome if fenced(claim, value, *args) else Outcome.LOST
     with transaction.atomic(using=conf.get().DATABASE):
+        lifecycle.lock_parent(parent_id)
         if not fenced(claim, value, *args):
             return Outcome.LOST
         lifecycle.after_end(claim.run_id, parent_id, status)
@@ -181,7 +220,7 @@ def settle(claim: Claim, write: Write, stop: threading.Event | None) -> Outcome:
     Any other database error is recorded as the run's failure instead.
     """
     delay = 0.2
-    rejected = False
+    rejected = 0
     while True:
         discard_broken_connections()
         try:
@@ -195,10 +234,16 @@ def settle(claim: Claim, write: Write, stop: threading.Event | None) -> Outcome:
             )
         except DatabaseError as exc:
             logger.error("run=%s outcome rejected by the database: %s", claim.run_id, exc)
-            if rejected:
+            # First a failure naming the database's error; if even that is
+            # refused, a bare one without follow-up work; then give up (the run
+            # is rescued once this worker stops).
+            rejected += 1
+            if rejected == 1:
+                write = fail_write(claim, error_record(exc, claim.attempt, retryable=False))
+            elif rejected == 2:
+                write = _last_resort(claim, exc)
+            else:
                 return Outcome.LOST
-            rejected = True
-            write = fail_write(claim, error_record(exc, claim.attempt, retryable=False))
             continue
         else:
             _signal(claim, outcome)

@@ -11,6 +11,10 @@ current status, so two actors never both win a transition. The locking rules:
 * Close policies walk down the tree breadth-first inside the caller's
   transaction: a parent's unsuccessful end and its children's cancellation
   commit together.
+* Locks are taken ancestors first: whoever ends or cancels a run that has a
+  parent locks the parent row before the run's own, and a cascade locks
+  children (in id order) after their parent. Two actors on one family thus
+  queue instead of deadlocking.
 """
 
 from __future__ import annotations
@@ -49,17 +53,24 @@ def canceled_fields(reason: str) -> dict[str, Any]:
 # --- after a terminal transition -------------------------------------------------------
 
 
+def lock_parent(parent_id: int | None) -> None:
+    """Lock a run's parent row first (see the locking rules above)."""
+    if parent_id is not None:
+        list(_runs().select_for_update().filter(pk=parent_id).values_list("id"))
+
+
 def after_end(run_id: int, parent_id: int | None, status: str) -> int:
     """Apply what a run's end implies, in the caller's transaction; return runs closed.
 
-    An unsuccessful end applies the children's close policies; any end may wake
-    a parent waiting for this run.
+    An unsuccessful end applies the children's close policies (unless the run
+    was canceled with ``cascade=False``); any end may wake a parent waiting for
+    this run. The caller has locked the parent (``lock_parent``) beforehand.
     """
-    closed = (
-        close_children([run_id], reason=f"parent run {run_id} ended {status}")
-        if status in UNSUCCESSFUL_STATUSES
-        else 0
-    )
+    closed = 0
+    if status in UNSUCCESSFUL_STATUSES and (
+        status != Status.CANCELED or _runs().filter(pk=run_id, cancel_cascade=True).exists()
+    ):
+        closed = close_children([run_id], reason=f"parent run {run_id} ended {status}")
     if parent_id is not None:
         wake_parent(parent_id)
     return closed
@@ -108,6 +119,7 @@ def cancel_now(run_ids: Iterable[int], reason: str) -> list[int]:
         _runs()
         .select_for_update()
         .filter(pk__in=ids, status__in=UNFINISHED)
+        .order_by("pk")
         .values_list("id", "job_type", "attempts")
     )
     changed = [row[0] for row in rows]
@@ -121,7 +133,7 @@ def _announce_canceled(rows: list[tuple[int, str, int]]) -> None:
         run_canceled.send_robust(JobRun, run_id=run_id, job_type=job_type, attempt=attempts)
 
 
-def request_cancel(run_ids: Iterable[int], reason: str) -> int:
+def request_cancel(run_ids: Iterable[int], reason: str, *, cascade: bool = True) -> int:
     """Ask running runs to stop; their worker notices within a heartbeat."""
     ids = list(run_ids)
     if not ids:
@@ -129,7 +141,7 @@ def request_cancel(run_ids: Iterable[int], reason: str) -> int:
     return int(
         _runs()
         .filter(pk__in=ids, status=Status.RUNNING, cancel_requested_at__isnull=True)
-        .update(cancel_requested_at=Now(), cancel_reason=reason)
+        .update(cancel_requested_at=Now(), cancel_reason=reason, cancel_cascade=cascade)
     )
 
 
@@ -150,38 +162,44 @@ def wake_parent(parent_id: int) -> bool:
     )
 
 
-def suspend_for(claim: Claim, run_ids: list[int]) -> bool:
-    """Move a running run to waiting until ``run_ids`` have all ended; False if the lease is gone.
+# What a suspension attempt found: suspended, taken away, or asked to cancel first.
+SUSPENDED, LOST, CANCEL_REQUESTED = "suspended", "lost", "cancel_requested"
+
+
+def suspend_for(claim: Claim, run_ids: list[int]) -> str:
+    """Move a running run to waiting until ``run_ids`` have all ended.
 
     The attempt is given back: waiting is not a failure, and the run is
-    claimed (and counted) again when it wakes.
+    claimed (and counted) again when it wakes. A run already asked to cancel
+    does not suspend (``CANCEL_REQUESTED``): it must end now, closing its children.
     """
     with transaction.atomic(using=conf.get().DATABASE):
-        if not fenced(claim).update(
+        outcome = _suspend(claim, awaiting=run_ids)
+        if outcome == SUSPENDED:
+            # The children may all have ended before the row lock above was taken.
+            wake_parent(claim.run_id)
+    return outcome
+
+
+def suspend_until(claim: Claim, until: datetime) -> str:
+    """Move a running run to waiting until ``until`` (a durable sleep)."""
+    return _suspend(claim, awaiting=None, run_at=until)
+
+
+def _suspend(claim: Claim, **fields: Any) -> str:
+    if (
+        fenced(claim)
+        .filter(cancel_requested_at__isnull=True)
+        .update(
             status=Status.WAITING,
-            awaiting=run_ids,
             lease_token=None,
             claimed_by=None,
             attempts=claim.attempt - 1,
-        ):
-            return False
-        # The children may all have ended before the row lock above was taken.
-        wake_parent(claim.run_id)
-    return True
-
-
-def suspend_until(claim: Claim, until: datetime) -> bool:
-    """Move a running run to waiting until ``until`` (a durable sleep); False if lost."""
-    return bool(
-        fenced(claim).update(
-            status=Status.WAITING,
-            awaiting=None,
-            run_at=until,
-            lease_token=None,
-            claimed_by=None,
-            attempts=claim.attempt - 1,
+            **fields,
         )
-    )
+    ):
+        return SUSPENDED
+    return CANCEL_REQUESTED if fenced(claim).exists() else LOST
 
 
 def wake_sleepers(limit: int = 1000) -> int:

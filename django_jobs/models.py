@@ -127,6 +127,9 @@ class JobRun(models.Model):
     lease_token = models.UUIDField(null=True, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     cancel_reason = models.TextField(blank=True, default="")
+    # False when cancel(cascade=False) asked a running run to stop: its
+    # children are then left alone when it ends canceled.
+    cancel_cascade = models.BooleanField(default=True)
 
     created_at = models.DateTimeField(db_default=Now())
     started_at = models.DateTimeField(null=True, blank=True)

@@ -67,7 +67,9 @@ class Worker:
         self.hard_stop = threading.Event()  # second signal or drain timeout: give runs back
         self._wake = threading.Event()
         self._slots = threading.Condition()
-        self._in_flight: dict[int, JobContext] = {}
+        # Keyed by context, not run id: a run fenced off while its handler still
+        # runs can be claimed again here, and both hold a slot until they return.
+        self._in_flight: set[JobContext] = set()
         self._queue: queue.SimpleQueue[JobContext | None] = queue.SimpleQueue()
         self.claimed = 0
         self.finished = 0
@@ -76,10 +78,7 @@ class Worker:
 
     def run(self) -> int:
         """Work until told to stop (or, in burst mode, until nothing is due)."""
-        worker = claims.register_worker(
-            socket.gethostname(), os.getpid(), self.pools, self.concurrency
-        )
-        self.worker_id = worker.pk
+        self._register()
         logger.info(
             "worker=%s started pools=%s concurrency=%d",
             self.worker_id,
@@ -90,6 +89,7 @@ class Worker:
             self._start(self._run_slot, f"django-jobs-slot-{i}") for i in range(self.concurrency)
         ]
         beat = self._start(self._heartbeat_loop, "django-jobs-heartbeat")
+        watchdog = self._start(self._watchdog_loop, "django-jobs-watchdog")
         try:
             self._claim_loop()
             code = self._drain()
@@ -98,6 +98,7 @@ class Worker:
                 self._queue.put(None)
             self.hard_stop.set()
             beat.join(timeout=5)
+            watchdog.join(timeout=5)
             self._quietly(claims.stop_worker, self.worker_id)
             connections.close_all()
         logger.info(
@@ -108,6 +109,12 @@ class Worker:
             code,
         )
         return code
+
+    def _register(self) -> None:
+        worker = claims.register_worker(
+            socket.gethostname(), os.getpid(), self.pools, self.concurrency, self.worker_id
+        )
+        self.worker_id = worker.pk
 
     def request_stop(self) -> None:
         """Stop claiming and drain; asked a second time, give the runs back and stop now."""
@@ -185,7 +192,7 @@ class Worker:
         contexts = [JobContext(claim, timeout=_timeout_of(claim)) for claim in batch]
         with self._slots:
             for ctx in contexts:
-                self._in_flight[ctx.run_id] = ctx
+                self._in_flight.add(ctx)
         self.claimed += len(batch)
         for ctx in contexts:
             self._queue.put(ctx)
@@ -201,7 +208,7 @@ class Worker:
                 logger.exception("run=%s crashed the executor", ctx.run_id)
             finally:
                 with self._slots:
-                    self._in_flight.pop(ctx.run_id, None)
+                    self._in_flight.discard(ctx)
                     self.finished += 1
                     self._slots.notify_all()
                 # A finished run may have freed a concurrency key or woken a
@@ -212,14 +219,26 @@ class Worker:
     # --- heartbeat, rescue and the watchdog ---------------------------------------
 
     def _heartbeat_loop(self) -> None:
-        """Every tick: enforce timeouts and cancel grace, wake sleepers; every heartbeat
-        interval also: record liveness, rescue stale workers' runs, poll cancel requests."""
-        next_beat = 0.0
+        """Record liveness, and nothing else: on its own thread and connection, so
+        no lock wait of the watchdog's can delay it and get this worker taken for dead."""
         while True:
-            if time.monotonic() >= next_beat:
-                next_beat = time.monotonic() + self.heartbeat_interval
-                status = WorkerStatus.STOPPING if self.stopping.is_set() else WorkerStatus.RUNNING
-                self._quietly(claims.heartbeat, self.worker_id, status)
+            status = WorkerStatus.STOPPING if self.stopping.is_set() else WorkerStatus.RUNNING
+            if self._quietly(claims.heartbeat, self.worker_id, status) is False:
+                # The row was deleted (by hand, or by retention): recreate it, so
+                # claims by this worker satisfy the foreign key again.
+                logger.warning("worker=%s row missing; registering again", self.worker_id)
+                self._quietly(self._register)
+            if self.hard_stop.wait(self.heartbeat_interval):
+                break
+        connections.close_all()
+
+    def _watchdog_loop(self) -> None:
+        """Every tick: enforce timeouts and cancel grace, wake sleepers; every
+        heartbeat interval also: rescue stale workers' runs, poll cancel requests."""
+        next_sweep = 0.0
+        while True:
+            if time.monotonic() >= next_sweep:
+                next_sweep = time.monotonic() + self.heartbeat_interval
                 self._quietly(self._rescue)
                 self._quietly(self._poll_cancel_requests)
             self._quietly(self._enforce_deadlines)
@@ -242,13 +261,17 @@ class Worker:
 
     def _snapshot(self) -> list[JobContext]:
         with self._slots:
-            return list(self._in_flight.values())
+            return list(self._in_flight)
 
     def _poll_cancel_requests(self) -> None:
         """Tell handlers whose run was asked to cancel, or was taken away, to stop."""
-        running = {ctx.run_id: ctx for ctx in self._snapshot() if not ctx.cancel_requested}
+        running: dict[int, list[JobContext]] = {}
+        for ctx in self._snapshot():
+            if not ctx.cancel_requested:
+                running.setdefault(ctx.run_id, []).append(ctx)
         for run_id in claims.cancel_requested(list(running)):
-            running[run_id].request_cancel()
+            for ctx in running[run_id]:
+                ctx.request_cancel()
 
     def _enforce_deadlines(self) -> None:
         """End runs past their timeout, and canceled runs whose handler ignores it."""
@@ -279,7 +302,7 @@ class Worker:
                 if left <= 0:
                     break
                 self._slots.wait(timeout=min(left, 0.5))
-            leftover = [ctx.claim for ctx in self._in_flight.values()]
+            leftover = [ctx.claim for ctx in self._in_flight]
         if not leftover:
             return EXIT_OK
         self.hard_stop.set()

@@ -1,4 +1,4 @@
-"""Review findings: each test states a contract rule (DESIGN.md) the code breaks today."""
+"""Edge cases found in review: each test states a contract rule (DESIGN.md) that must hold."""
 
 from __future__ import annotations
 
