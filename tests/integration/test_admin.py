@@ -79,7 +79,7 @@ def test_search_finds_runs(operator: Client, field: str) -> None:
     other = JobRunFactory()
     term = {
         "id": str(run.pk),
-        "tag": "vip",
+        "tag": "tag:vip",
         "idempotency_key": "order-77",
         "job_type": "tests.echo",
     }[field]
