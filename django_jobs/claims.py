@@ -96,8 +96,10 @@ def claim_batch(worker_id: uuid.UUID, pools: Sequence[str] | None, limit: int) -
         runs = runs.filter(pool__in=pools)
     # A run whose concurrency key is running now is not a candidate, so a blocked
     # run is passed over instead of being claimed and put back (no spinning).
+    # Checked only for rows that have a key, so the planner does not turn it into
+    # an anti-join that scans every running row on each claim.
     key_busy = _runs().filter(concurrency_key=OuterRef("concurrency_key"), status=Status.RUNNING)
-    runs = runs.exclude(Exists(key_busy))
+    runs = runs.filter(Q(concurrency_key__isnull=True) | ~Exists(key_busy))
     try:
         return _claim(worker_id, runs, limit)
     except IntegrityError:

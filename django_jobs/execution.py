@@ -75,16 +75,21 @@ def _storable(text: str) -> str:
 
 
 def execute(
-    claim: Claim, *, ctx: JobContext | None = None, stop: threading.Event | None = None
+    claim: Claim,
+    *,
+    ctx: JobContext | None = None,
+    stop: threading.Event | None = None,
+    complete: Callable[[Claim, Any], bool] | None = None,
 ) -> Outcome:
     """Run the handler of ``claim`` and record what happened. Never raises for the run.
 
     ``stop`` is the worker's hard-stop event: outcome writes that fail on a dropped
-    connection are retried until they land or it is set.
+    connection are retried until they land or it is set. ``complete`` writes a
+    completion (a worker passes its batching ``Completer.complete``).
     """
     started = time.monotonic()
     try:
-        outcome = _execute(claim, ctx, stop)
+        outcome = _execute(claim, ctx, stop, complete or claims.complete)
     except Exception as exc:
         # A bug of ours, not the handler's: still end the run, never leave it running.
         logger.exception("run=%s could not be executed", claim.run_id)
@@ -93,7 +98,12 @@ def execute(
     return outcome
 
 
-def _execute(claim: Claim, ctx: JobContext | None, stop: threading.Event | None) -> Outcome:
+def _execute(
+    claim: Claim,
+    ctx: JobContext | None,
+    stop: threading.Event | None,
+    complete: Callable[[Claim, Any], bool],
+) -> Outcome:
     try:
         handler = get_handler(claim.row["job_type"])
     except UnknownJobType as exc:
@@ -106,7 +116,7 @@ def _execute(claim: Claim, ctx: JobContext | None, stop: threading.Event | None)
             write = cancel_write(claim, "canceled before the attempt started")
         else:
             ctx = ctx or JobContext(claim, timeout=handler.timeout)
-            write = _run_handler(handler, ctx)
+            write = _run_handler(handler, ctx, complete)
     return settle(claim, write, stop)
 
 
@@ -122,7 +132,9 @@ def _last_resort(claim: Claim, exc: Exception) -> Write:
     return lambda: Outcome.FAILED if claims.fail(claim, error) else Outcome.LOST
 
 
-def _run_handler(handler: JobHandler, ctx: JobContext) -> Write:
+def _run_handler(
+    handler: JobHandler, ctx: JobContext, complete: Callable[[Claim, Any], bool]
+) -> Write:
     """Call the handler and return the write that records its result (not yet done)."""
     claim = ctx.claim
     signals.run_started.send_robust(
@@ -148,7 +160,10 @@ def _run_handler(handler: JobHandler, ctx: JobContext) -> Write:
     except InvalidJobInput as exc:
         # Running the same code again would return the same value: not retryable.
         return fail_write(claim, error_record(exc, claim.attempt, retryable=False))
-    return partial(_write, claims.complete, claim, output, Outcome.COMPLETED)
+    if claim.row["parent_id"] is not None:
+        # Its parent may wait for it: the wake-up needs the single-run path.
+        complete = claims.complete
+    return partial(_write, complete, claim, output, Outcome.COMPLETED)
 
 
 def error_write(handler: JobHandler, claim: Claim, exc: BaseException) -> Write:

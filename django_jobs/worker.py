@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from django.db import DatabaseError, connections
 
 from . import claims, conf, lifecycle
+from .batching import Completer
 from .claims import Claim
 from .context import JobContext
 from .exceptions import UnknownJobType
@@ -79,6 +80,7 @@ class Worker:
     def run(self) -> int:
         """Work until told to stop (or, in burst mode, until nothing is due)."""
         self._register()
+        self._completer = Completer()
         logger.info(
             "worker=%s started pools=%s concurrency=%d",
             self.worker_id,
@@ -99,6 +101,7 @@ class Worker:
             self.hard_stop.set()
             beat.join(timeout=5)
             watchdog.join(timeout=5)
+            self._completer.close()
             self._quietly(claims.stop_worker, self.worker_id)
             connections.close_all()
         logger.info(
@@ -203,7 +206,7 @@ class Worker:
         """One thread of the pool: run claims one after another on one kept connection."""
         while (ctx := self._queue.get()) is not None:
             try:
-                execute(ctx.claim, ctx=ctx, stop=self.hard_stop)
+                execute(ctx.claim, ctx=ctx, stop=self.hard_stop, complete=self._completer.complete)
             except Exception:
                 logger.exception("run=%s crashed the executor", ctx.run_id)
             finally:
