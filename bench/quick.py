@@ -1,6 +1,6 @@
 """Quick drain measurement of django_jobs alone (the full harness is bench/run.py).
 
-    .venv/bin/python bench/quick.py --n 20000 --workers 1 --concurrency 4
+.venv/bin/python bench/quick.py --n 20000 --workers 1 --concurrency 4
 """
 
 from __future__ import annotations
@@ -33,10 +33,13 @@ def main() -> None:
     subprocess.run([*manage, "migrate", "-v0"], env=env, check=True)
     enqueue = (
         "import time; from django_jobs import start_many; t=time.perf_counter(); "
-        f"start_many({args.job!r}, [{{}}] * {args.n}); print(round({args.n}/(time.perf_counter()-t)))"
+        f"start_many({args.job!r}, [{{}}] * {args.n}); "
+        f"print(round({args.n}/(time.perf_counter()-t)))"
     )
-    out = subprocess.run([*manage, "shell", "-c", enqueue], env=env, check=True, capture_output=True, text=True)
-    print(f"enqueue jobs/s: {out.stdout.strip()}")
+    out = subprocess.run(
+        [*manage, "shell", "-c", enqueue], env=env, check=True, capture_output=True, text=True
+    )
+    print(f"enqueue jobs/s: {out.stdout.strip().splitlines()[-1]}")
     cmd = [*manage, "runjobworker", "--burst", "--concurrency", str(args.concurrency), "-v", "0"]
     started = time.perf_counter()
     procs = [subprocess.Popen(cmd, env=env) for _ in range(args.workers)]
@@ -48,7 +51,10 @@ def main() -> None:
             "SELECT count(*), extract(epoch FROM max(finished_at) - min(started_at)) "
             "FROM django_jobs_jobrun WHERE status = 'completed'"
         ).fetchone()
-    print(f"completed {done}/{args.n}; drain jobs/s (DB timestamps): {done / float(span):,.0f}; wall {wall:.1f}s")
+    print(
+        f"completed {done}/{args.n}; drain jobs/s (DB timestamps): {done / float(span):,.0f}; "
+        f"wall {wall:.1f}s"
+    )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from django.utils import timezone
 from . import conf, lifecycle
 from .exceptions import InvalidJobInput, InvalidTransition, RunNotFound
 from .models import TERMINAL_STATUSES, JobRun, JobStep, Status
+from .notify import notify_pools
 from .payloads import normalize
 from .registry import JobHandler, get_handler
 
@@ -156,6 +157,7 @@ def retry(run_id: int, *, reset_steps: bool = False, tenant_id: str | None = Non
         )
         if reset_steps:
             JobStep.objects.using(using).filter(run_id=run.pk).delete()
+        notify_pools([run.pool])
     run.refresh_from_db(using=using)
     return run
 
@@ -165,11 +167,14 @@ def run_now(run_id: int, *, tenant_id: str | None = None) -> bool:
     using = conf.get().DATABASE
     with transaction.atomic(using=using):
         run = _locked(run_id, tenant_id)
-        return bool(
+        changed = (
             JobRun.objects.using(using)
             .filter(pk=run.pk, status=Status.PENDING)
             .update(run_at=Now())
         )
+        if changed:
+            notify_pools([run.pool])
+        return bool(changed)
 
 
 def _locked(run_id: int, tenant_id: str | None, *, parent_first: bool = False) -> JobRun:

@@ -27,6 +27,7 @@ from django.db.models.functions import Now
 
 from . import conf
 from .models import JobRun, Status, Worker, WorkerStatus
+from .notify import notify_pools
 
 logger = logging.getLogger(__name__)
 
@@ -330,7 +331,7 @@ def rescue_stale(
     with transaction.atomic(using=_using()):
         rows = list(
             runs.select_for_update(skip_locked=True, of=("self",)).values(
-                "id", "attempts", "max_attempts", "parent_id", "lease_token"
+                "id", "attempts", "max_attempts", "parent_id", "lease_token", "pool"
             )[:limit]
         )
         again = [row["id"] for row in rows if row["attempts"] < row["max_attempts"]]
@@ -339,6 +340,8 @@ def rescue_stale(
             .filter(pk__in=again, status=Status.RUNNING)
             .update(status=Status.PENDING, run_at=Now(), lease_token=None, claimed_by=None)
         )
+        if requeued:
+            notify_pools(row["pool"] for row in rows if row["id"] in again)
     # Runs without attempts left end failed like any failed run (children
     # closed, a waiting parent woken), one transaction each so that the parent
     # is locked before the run (lifecycle's ancestors-first order). The lease

@@ -30,6 +30,7 @@ from django.db.models.functions import Now
 from . import conf
 from .claims import Claim, fenced
 from .models import TERMINAL_STATUSES, UNSUCCESSFUL_STATUSES, ClosePolicy, JobRun, Status
+from .notify import notify_pools
 from .signals import run_canceled
 
 UNFINISHED = (Status.PENDING, Status.RUNNING, Status.WAITING)
@@ -150,16 +151,25 @@ def request_cancel(run_ids: Iterable[int], reason: str, *, cascade: bool = True)
 
 def wake_parent(parent_id: int) -> bool:
     """Put ``parent_id`` back to pending if it waits and all it awaits has ended."""
-    parent = _runs().select_for_update().filter(pk=parent_id).values("status", "awaiting").first()
+    parent = (
+        _runs()
+        .select_for_update()
+        .filter(pk=parent_id)
+        .values("status", "awaiting", "pool")
+        .first()
+    )
     if parent is None or parent["status"] != Status.WAITING or not parent["awaiting"]:
         return False
     if _runs().filter(pk__in=parent["awaiting"]).exclude(status__in=TERMINAL_STATUSES).exists():
         return False
-    return bool(
+    woken = (
         _runs()
         .filter(pk=parent_id, status=Status.WAITING)
         .update(status=Status.PENDING, run_at=Now(), awaiting=None)
     )
+    if woken:
+        notify_pools([parent["pool"]])
+    return bool(woken)
 
 
 # What a suspension attempt found: suspended, taken away, or asked to cancel first.
@@ -205,11 +215,14 @@ def _suspend(claim: Claim, **fields: Any) -> str:
 def wake_sleepers(limit: int = 1000) -> int:
     """Put runs whose durable sleep is over back to pending; return how many."""
     due = _runs().filter(status=Status.WAITING, awaiting__isnull=True, run_at__lte=Now())
-    ids = list(due.values_list("id", flat=True)[:limit])
-    if not ids:
+    rows = list(due.values_list("id", "pool")[:limit])
+    if not rows:
         return 0
-    return int(
+    woken = (
         _runs()
-        .filter(pk__in=ids, status=Status.WAITING, awaiting__isnull=True)
+        .filter(pk__in=[run_id for run_id, _ in rows], status=Status.WAITING, awaiting__isnull=True)
         .update(status=Status.PENDING)
     )
+    if woken:
+        notify_pools(pool for _, pool in rows)
+    return int(woken)

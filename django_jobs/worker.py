@@ -26,6 +26,7 @@ from .context import JobContext
 from .exceptions import UnknownJobType
 from .execution import cancel_write, discard_broken_connections, execute, settle, timeout_write
 from .models import WorkerStatus
+from .notify import Listener, notify_pools
 from .registry import get_handler
 
 logger = logging.getLogger(__name__)
@@ -90,6 +91,10 @@ class Worker:
         threads = [
             self._start(self._run_slot, f"django-jobs-slot-{i}") for i in range(self.concurrency)
         ]
+        listener = None
+        if Listener.enabled():
+            listener = Listener(self.pools, self._wake.set, self.hard_stop)
+            listener.start()
         beat = self._start(self._heartbeat_loop, "django-jobs-heartbeat")
         watchdog = self._start(self._watchdog_loop, "django-jobs-watchdog")
         try:
@@ -101,6 +106,8 @@ class Worker:
             self.hard_stop.set()
             beat.join(timeout=5)
             watchdog.join(timeout=5)
+            if listener is not None:
+                listener.join(timeout=5)
             self._completer.close()
             self._quietly(claims.stop_worker, self.worker_id)
             connections.close_all()
@@ -310,6 +317,7 @@ class Worker:
             return EXIT_OK
         self.hard_stop.set()
         released = self._quietly(claims.release, self.worker_id, leftover)
+        self._quietly(notify_pools, self.pools)
         logger.warning(
             "worker=%s released %s unfinished runs back to pending: %s",
             self.worker_id,

@@ -1,0 +1,91 @@
+"""Wake-ups over PostgreSQL LISTEN/NOTIFY, with polling as the fallback.
+
+A trigger (migration 0005) sends ``NOTIFY django_jobs, '<pool>'`` once per
+INSERT statement that adds pending runs, so ``start()`` and ``start_many()``
+cost no extra round trip; the notification is delivered at commit, and never
+for a transaction that rolls back. The rarer paths that make runs pending
+again (wake-ups, rescue, release, retry, run now) call ``notify_pools``.
+Each worker keeps one extra connection that LISTENs and sets its wake event.
+Behind PgBouncer in transaction mode, set ``LISTEN_NOTIFY = False``: workers
+then poll every ``POLL_INTERVAL`` (sending NOTIFY stays harmless there).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+
+from django.db import connections
+
+from . import conf
+
+logger = logging.getLogger(__name__)
+
+CHANNEL = "django_jobs"
+
+
+def notify_pools(pools: Iterable[str]) -> None:
+    """Tell listening workers that runs of ``pools`` are due (at the caller's commit)."""
+    connection = connections[conf.get().DATABASE]
+    names = sorted(set(pools))
+    if connection.vendor != "postgresql" or not names:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_notify(%s, pool) FROM unnest(%s::text[]) AS pool", [CHANNEL, names]
+        )
+
+
+class Listener:
+    """A thread that LISTENs for due runs of some pools and calls ``wake`` for them."""
+
+    def __init__(
+        self, pools: Iterable[str], wake: Callable[[], None], stop: threading.Event
+    ) -> None:
+        self.pools = set(pools)
+        self.wake = wake
+        self.stop = stop
+        self.connected = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="django-jobs-listener", daemon=True)
+
+    @staticmethod
+    def enabled() -> bool:
+        settings = conf.get()
+        return settings.LISTEN_NOTIFY and connections[settings.DATABASE].vendor == "postgresql"
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        pause = 0.5
+        while not self.stop.is_set():
+            try:
+                self._listen()
+                pause = 0.5
+            except Exception as exc:  # any failure: the poll covers, then reconnect
+                self.connected.clear()
+                logger.warning("listener lost its connection (%s); polling meanwhile", exc)
+                self.stop.wait(pause)
+                pause = min(pause * 2, 10.0)
+
+    def _listen(self) -> None:
+        import psycopg
+
+        alias = conf.get().DATABASE
+        params = connections[alias].get_connection_params()
+        params.pop("cursor_factory", None)
+        params.pop("context", None)
+        with psycopg.connect(**params, autocommit=True) as connection:
+            connection.execute(f"LISTEN {CHANNEL}")
+            self.connected.set()
+            # A wake-up after (re)connecting: a notification may have been
+            # missed while no connection listened.
+            self.wake()
+            while not self.stop.is_set():
+                for note in connection.notifies(timeout=1.0):
+                    if note.payload in self.pools:
+                        self.wake()

@@ -1,0 +1,180 @@
+"""LISTEN/NOTIFY wake-ups (with polling behind them) and batched completion."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+from django.db import connection, transaction
+
+from django_jobs import claims, start, start_many
+from django_jobs.batching import Completer, complete_many
+from django_jobs.models import JobRun, Status
+from django_jobs.notify import CHANNEL, Listener
+from tests.factories import WorkerFactory
+from tests.helpers import wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def listening() -> psycopg.Connection[Any]:
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    conn = psycopg.connect(**params, autocommit=True)
+    conn.execute(f"LISTEN {CHANNEL}")
+    return conn
+
+
+def payloads(conn: psycopg.Connection[Any]) -> list[str]:
+    return [note.payload for note in conn.notifies(timeout=0.5)]
+
+
+def test_an_insert_notifies_its_pools_at_commit_only() -> None:
+    with listening() as conn:
+        with transaction.atomic():
+            start("tests.echo", {})
+            start("tests.noop")
+            assert payloads(conn) == []  # not before the commit
+        assert sorted(payloads(conn)) == ["default", "echo"]
+        start_many("tests.noop", [{}, {}, {}])
+        assert payloads(conn) == ["default"]  # once per statement and pool
+
+
+def test_a_rolled_back_or_future_run_sends_nothing() -> None:
+    from datetime import timedelta
+
+    with listening() as conn:
+        try:
+            with transaction.atomic():
+                start("tests.noop")
+                raise RuntimeError
+        except RuntimeError:
+            pass
+        start("tests.noop", delay=timedelta(hours=1))
+        assert payloads(conn) == []
+
+
+def test_the_listener_wakes_the_worker_for_its_pools() -> None:
+    woken = threading.Event()
+    stop = threading.Event()
+    listener = Listener(["echo"], woken.set, stop)
+    listener.start()
+    try:
+        assert listener.connected.wait(10)
+        woken.clear()
+        start("tests.noop")  # another pool
+        assert not woken.wait(1.0)
+        start("tests.echo", {})
+        assert woken.wait(10)
+    finally:
+        stop.set()
+        listener.join(5)
+
+
+def test_a_listener_whose_connection_is_killed_reconnects() -> None:
+    woken = threading.Event()
+    stop = threading.Event()
+    listener = Listener(["default"], woken.set, stop)
+    listener.start()
+    try:
+        assert listener.connected.wait(10)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE query LIKE 'LISTEN %%' AND pid <> pg_backend_pid()"
+            )
+        wait_until(lambda: not listener.connected.is_set(), timeout=10)
+        wait_until(listener.connected.is_set, timeout=20)
+        woken.clear()
+        start("tests.noop")
+        assert woken.wait(10)
+    finally:
+        stop.set()
+        listener.join(5)
+
+
+def test_a_worker_with_a_long_poll_interval_is_woken_by_notify(settings: Any) -> None:
+    from django_jobs.worker import Worker
+
+    worker = Worker(["default"], poll_interval=60)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_until(lambda: worker.worker_id is not None, timeout=10)
+        wait_until(lambda: worker.claimed == 0 and worker._wake.is_set() is False, timeout=10)
+        run = start("tests.noop")
+        # Without the notification this would wait for the 60 s poll.
+        wait_until(lambda: JobRun.objects.get(pk=run.pk).status == Status.COMPLETED, timeout=20)
+    finally:
+        worker.request_stop()
+        thread.join(30)
+
+
+def test_with_listen_notify_off_the_worker_polls(settings: Any) -> None:
+    from django_jobs.worker import Worker
+
+    settings.DJANGO_JOBS = {**settings.DJANGO_JOBS, "LISTEN_NOTIFY": False}
+    assert not Listener.enabled()
+    worker = Worker(["default"], poll_interval=0.2)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        run = start("tests.noop")
+        wait_until(lambda: JobRun.objects.get(pk=run.pk).status == Status.COMPLETED, timeout=20)
+    finally:
+        worker.request_stop()
+        thread.join(30)
+
+
+def test_batched_completion_is_fenced_per_run() -> None:
+    start_many("tests.echo", [{"n": n} for n in range(5)])
+    batch = claims.claim_batch(WorkerFactory().pk, None, 5)
+    stolen = batch[2]
+    JobRun.objects.filter(pk=stolen.run_id).update(lease_token=uuid.uuid4())
+    written = complete_many([(claim, {"done": claim.run_id}) for claim in batch])
+    assert written == {c.run_id for c in batch} - {stolen.run_id}
+    for claim in batch:
+        run = JobRun.objects.get(pk=claim.run_id)
+        if claim is stolen:
+            assert (run.status, run.output) == (Status.RUNNING, None)
+        else:
+            assert (run.status, run.output, run.lease_token) == (
+                Status.COMPLETED,
+                {"done": claim.run_id},
+                None,
+            )
+
+
+def test_the_completer_answers_each_caller_for_its_own_run() -> None:
+    start_many("tests.noop", [{} for _ in range(20)])
+    batch = claims.claim_batch(WorkerFactory().pk, None, 20)
+    JobRun.objects.filter(pk=batch[0].run_id).update(status=Status.CANCELED)
+    completer = Completer()
+    results: dict[int, bool] = {}
+
+    def finish(claim: claims.Claim) -> None:
+        try:
+            results[claim.run_id] = completer.complete(claim, None)
+        finally:
+            from django.db import connections
+
+            connections.close_all()
+
+    threads = [threading.Thread(target=finish, args=(c,)) for c in batch]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    completer.close()
+    assert results[batch[0].run_id] is False
+    assert all(results[c.run_id] for c in batch[1:])
+    assert JobRun.objects.filter(status=Status.COMPLETED).count() == 19
+    # After close (a handler that outlived the drain), a completion is written alone.
+    start("tests.noop")
+    (late,) = claims.claim_batch(WorkerFactory().pk, None, 1)
+    assert completer.complete(late, {"late": True}) is True
+    assert JobRun.objects.get(pk=late.run_id).output == {"late": True}
