@@ -268,6 +268,8 @@ def _when(run_at: datetime | None, delay: float | timedelta | None) -> datetime 
             raise InvalidJobInput(
                 f"delay must be non-negative seconds or a timedelta, got {delay!r}"
             )
+        if seconds == 0:
+            return None  # due now by the database's clock, like no delay at all
         return timezone.now() + timedelta(seconds=seconds)
     return None
 

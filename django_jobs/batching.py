@@ -14,11 +14,12 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import connections
+from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
 from . import conf
 from .claims import Claim
@@ -92,29 +93,52 @@ class Completer:
             connections.close_all()
 
     def _flush(self, batch: list[_Pending]) -> None:
+        from .execution import discard_broken_connections
+
         try:
             written = complete_many([(item.claim, item.output) for item in batch])
-        except BaseException as exc:  # handed to every waiting caller
-            from .execution import discard_broken_connections
-
+        except (OperationalError, InterfaceError) as exc:
+            # The connection broke: every caller retries on its own (settle).
             discard_broken_connections()
             for item in batch:
                 item.error = exc
                 item.done.set()
             return
+        except DatabaseError:
+            # One row the database refused must not fail its neighbours: write
+            # them one by one, so only the bad one gets the error.
+            discard_broken_connections()
+            for item in batch:
+                self._flush_one(item)
+            return
         for item in batch:
-            item.written = item.claim.run_id in written
+            item.written = (item.claim.run_id, item.claim.lease_token) in written
             item.done.set()
 
+    def _flush_one(self, item: _Pending) -> None:
+        try:
+            item.written = bool(complete_many([(item.claim, item.output)]))
+        except DatabaseError as exc:
+            item.error = exc
+        item.done.set()
 
-def complete_many(items: list[tuple[Claim, Any]]) -> set[int]:
-    """Complete many runs in one statement, each fenced on its lease; return the ids written."""
+
+def complete_many(items: list[tuple[Claim, Any]]) -> set[tuple[int, uuid.UUID]]:
+    """Complete many runs in one statement, each fenced on its lease.
+
+    Returns the (run id, lease token) pairs written: a stale claim of a run
+    that was claimed again is told apart from the current one by its token.
+    """
     using = conf.get().DATABASE
     connection = connections[using]
     if connection.vendor != "postgresql":
         from . import claims
 
-        return {claim.run_id for claim, output in items if claims.complete(claim, output)}
+        return {
+            (claim.run_id, claim.lease_token)
+            for claim, output in items
+            if claims.complete(claim, output)
+        }
     # In id order, so that two writers never lock the same rows in opposite orders.
     items = sorted(items, key=lambda item: item[0].run_id)
     values = ", ".join(["(%s::bigint, %s::uuid, %s::jsonb)"] * len(items))
@@ -131,8 +155,8 @@ def complete_many(items: list[tuple[Claim, Any]]) -> set[int]:
         SET status = %s, output = v.output, finished_at = now(), lease_token = NULL
         FROM (VALUES {values}) AS v(id, token, output)
         WHERE run.id = v.id AND run.status = %s AND run.lease_token = v.token
-        RETURNING run.id
+        RETURNING run.id, v.token
     """
     with connection.cursor() as cursor:
         cursor.execute(sql, [Status.COMPLETED, *params, Status.RUNNING])
-        return {row[0] for row in cursor.fetchall()}
+        return {(row[0], row[1]) for row in cursor.fetchall()}

@@ -47,12 +47,18 @@ class Listener:
         self.wake = wake
         self.stop = stop
         self.connected = threading.Event()
+        self._pause = 0.5
         self._thread = threading.Thread(target=self._loop, name="django-jobs-listener", daemon=True)
 
     @staticmethod
     def enabled() -> bool:
+        """LISTEN needs the setting, PostgreSQL, and Django's psycopg 3 driver (not psycopg2)."""
         settings = conf.get()
-        return settings.LISTEN_NOTIFY and connections[settings.DATABASE].vendor == "postgresql"
+        if not settings.LISTEN_NOTIFY or connections[settings.DATABASE].vendor != "postgresql":
+            return False
+        from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+        return is_psycopg3
 
     def start(self) -> None:
         self._thread.start()
@@ -61,16 +67,14 @@ class Listener:
         self._thread.join(timeout)
 
     def _loop(self) -> None:
-        pause = 0.5
         while not self.stop.is_set():
             try:
                 self._listen()
-                pause = 0.5
             except Exception as exc:  # any failure: the poll covers, then reconnect
                 self.connected.clear()
                 logger.warning("listener lost its connection (%s); polling meanwhile", exc)
-                self.stop.wait(pause)
-                pause = min(pause * 2, 10.0)
+                self.stop.wait(self._pause)
+                self._pause = min(self._pause * 2, 10.0)
 
     def _listen(self) -> None:
         import psycopg
@@ -82,6 +86,7 @@ class Listener:
         with psycopg.connect(**params, autocommit=True) as connection:
             connection.execute(f"LISTEN {CHANNEL}")
             self.connected.set()
+            self._pause = 0.5  # the backoff starts over after each good connection
             # A wake-up after (re)connecting: a notification may have been
             # missed while no connection listened.
             self.wake()

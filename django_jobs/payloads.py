@@ -19,7 +19,7 @@ def normalize(value: Any, *, what: str) -> Any:
     every attempt. ``what`` names the value in the error ("input", "step 'charge'").
     """
     try:
-        text = json.dumps(value, cls=DjangoJSONEncoder, allow_nan=False)
+        text = json.dumps(value, cls=DjangoJSONEncoder, allow_nan=False, ensure_ascii=False)
     except RecursionError:
         raise InvalidJobInput(f"{what} is nested too deeply to be stored as JSON") from None
     except (TypeError, ValueError) as exc:
@@ -28,7 +28,12 @@ def normalize(value: Any, *, what: str) -> Any:
     if "\\u0000" in text:
         raise InvalidJobInput(f"{what} contains a NUL character (\\u0000), which cannot be stored")
     limit = conf.get().MAX_INPUT_BYTES
-    size = len(text.encode())
+    try:
+        size = len(text.encode())
+    except UnicodeEncodeError:
+        raise InvalidJobInput(
+            f"{what} contains text that is not valid Unicode (a lone surrogate)"
+        ) from None
     if size > limit:
         raise InvalidJobInput(
             f"{what} is {size} bytes as JSON, more than MAX_INPUT_BYTES ({limit})"

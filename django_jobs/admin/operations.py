@@ -14,7 +14,7 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -116,7 +116,23 @@ class OperationsMixin:
         if request.POST.get("confirm") == "yes":
             self._perform(request, list(queryset), op)
             return None
-        return self._confirmation(request, op, list(queryset[:100]), queryset.count(), bulk=True)
+        # The confirmation posts the selection back: every ticked id, or, for
+        # "select all across pages", the flag (the filters ride in the URL).
+        across = request.POST.get("select_across") == "1"
+        if across:
+            # Django still wants ticked ids with the flag; the ones posted serve.
+            selected = [int(pk) for pk in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)]
+        else:
+            selected = list(queryset.values_list("pk", flat=True))
+        return self._confirmation(
+            request,
+            op,
+            list(queryset[:100]),
+            queryset.count(),
+            bulk=True,
+            selected=selected,
+            across=across,
+        )
 
     # --- the buttons on a run's page ----------------------------------------------
 
@@ -134,12 +150,12 @@ class OperationsMixin:
 
     def _single_view(self, op: Operation) -> Callable[..., HttpResponse]:
         def view(request: HttpRequest, object_id: str) -> HttpResponse:
-            if not self._has(request, op.permission):
+            if not self._has(request, op.permission) or not self._has(request, "view"):
                 raise PermissionDenied
-            try:
-                run = get_object_or_404(JobRun, pk=int(object_id))
-            except ValueError:
-                raise PermissionDenied from None
+            if not object_id.isascii() or not object_id.isdigit():
+                raise Http404("no such run")
+            queryset = self.get_queryset(request)  # type: ignore[attr-defined]
+            run = get_object_or_404(queryset, pk=int(object_id))
             change_url = reverse(
                 f"admin:{self.opts.app_label}_{self.opts.model_name}_change", args=[run.pk]
             )
@@ -182,7 +198,15 @@ class OperationsMixin:
         )
 
     def _confirmation(
-        self, request: HttpRequest, op: Operation, runs: list[JobRun], total: int, *, bulk: bool
+        self,
+        request: HttpRequest,
+        op: Operation,
+        runs: list[JobRun],
+        total: int,
+        *,
+        bulk: bool,
+        selected: list[int] | None = None,
+        across: bool = False,
     ) -> HttpResponse:
         context = {
             **self.admin_site.each_context(request),
@@ -192,6 +216,8 @@ class OperationsMixin:
             "runs": runs,
             "total": total,
             "bulk": bulk,
+            "selected": selected or [],
+            "select_across": "1" if across else "0",
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
             "action_name": {
                 "retry": "retry_runs",

@@ -179,6 +179,10 @@ class JobRunAdmin(OperationsMixin, admin.ModelAdmin):  # type: ignore[type-arg,m
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # finished runs are pruned in batches, not from a form
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[JobRun]:
+        queryset: QuerySet[JobRun] = super().get_queryset(request)
+        return queryset.using(conf.get().DATABASE)
+
     def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
         queryset = self.get_queryset(request).select_related("parent", "root", "claimed_by")
         try:
@@ -193,7 +197,7 @@ class JobRunAdmin(OperationsMixin, admin.ModelAdmin):  # type: ignore[type-arg,m
         if not term:
             return queryset, False
         # Each shape of term gets one cheap lookup, not an OR that scans the table.
-        if term.isdigit() and len(term) < 19:
+        if term.isascii() and term.isdigit() and len(term) < 19:
             return queryset.filter(pk=int(term)), False
         if term.startswith("tag:"):
             return queryset.filter(tags__contains=[term[4:]]), False
@@ -295,7 +299,7 @@ class JobRunAdmin(OperationsMixin, admin.ModelAdmin):  # type: ignore[type-arg,m
         )
         more = ""
         if len(children) > CHILDREN_SHOWN:
-            more = format_html("<li>… more: filter by parent</li>")
+            more = format_html("<li>{}</li>", f"and more (the first {CHILDREN_SHOWN} are shown)")
         return format_html('<ul style="margin:0;padding-left:1em">{}{}</ul>', items, more)
 
     @admin.display(description="trigger")

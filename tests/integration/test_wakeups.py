@@ -136,7 +136,7 @@ def test_batched_completion_is_fenced_per_run() -> None:
     stolen = batch[2]
     JobRun.objects.filter(pk=stolen.run_id).update(lease_token=uuid.uuid4())
     written = complete_many([(claim, {"done": claim.run_id}) for claim in batch])
-    assert written == {c.run_id for c in batch} - {stolen.run_id}
+    assert written == {(c.run_id, c.lease_token) for c in batch if c is not stolen}
     for claim in batch:
         run = JobRun.objects.get(pk=claim.run_id)
         if claim is stolen:
