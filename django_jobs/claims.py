@@ -92,9 +92,7 @@ def claim_batch(worker_id: uuid.UUID, pools: Sequence[str] | None, limit: int) -
     """
     if limit <= 0:
         return []
-    runs = _runs().filter(status=Status.PENDING, run_at__lte=Now())
-    if pools is not None:
-        runs = runs.filter(pool__in=pools)
+    runs = _runs().due(pools)
     # A run whose concurrency key is running now is not a candidate, so a blocked
     # run is passed over instead of being claimed and put back (no spinning).
     # Checked only for rows that have a key, so the planner does not turn it into

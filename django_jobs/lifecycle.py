@@ -29,7 +29,7 @@ from django.db.models.functions import Now
 
 from . import conf
 from .claims import Claim, fenced
-from .models import TERMINAL_STATUSES, UNSUCCESSFUL_STATUSES, ClosePolicy, JobRun, Status
+from .models import UNSUCCESSFUL_STATUSES, ClosePolicy, JobRun, Status
 from .notify import notify_pools
 from .signals import run_canceled
 
@@ -160,7 +160,7 @@ def wake_parent(parent_id: int) -> bool:
     )
     if parent is None or parent["status"] != Status.WAITING or not parent["awaiting"]:
         return False
-    if _runs().filter(pk__in=parent["awaiting"]).exclude(status__in=TERMINAL_STATUSES).exists():
+    if _runs().filter(pk__in=parent["awaiting"]).unfinished().exists():
         return False
     woken = (
         _runs()

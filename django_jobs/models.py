@@ -7,7 +7,7 @@ QuerySet methods are predicates (which rows); transitions that lock rows live in
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from collections.abc import Sequence
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
@@ -44,21 +44,13 @@ class WorkerStatus(models.TextChoices):
 
 
 class JobRunQuerySet(models.QuerySet["JobRun"]):
-    def due(self, pools: list[str]) -> JobRunQuerySet:
-        """Pending runs of ``pools`` whose time has come (the claim's predicate)."""
-        return self.filter(status=Status.PENDING, pool__in=pools, run_at__lte=Now())
-
-    def running(self) -> JobRunQuerySet:
-        return self.filter(status=Status.RUNNING)
-
-    def finished(self) -> JobRunQuerySet:
-        return self.filter(status__in=TERMINAL_STATUSES)
+    def due(self, pools: Sequence[str] | None = None) -> JobRunQuerySet:
+        """Pending runs (of ``pools``, or all) whose time has come: the claim's predicate."""
+        runs = self.filter(status=Status.PENDING, run_at__lte=Now())
+        return runs if pools is None else runs.filter(pool__in=pools)
 
     def unfinished(self) -> JobRunQuerySet:
         return self.exclude(status__in=TERMINAL_STATUSES)
-
-    def for_tenant(self, tenant_id: str | None) -> JobRunQuerySet:
-        return self if tenant_id is None else self.filter(tenant_id=tenant_id)
 
 
 class Worker(models.Model):
@@ -196,10 +188,6 @@ class JobRun(models.Model):
     def __str__(self) -> str:
         return f"{self.job_type} #{self.pk} ({self.status})"
 
-    @property
-    def is_finished(self) -> bool:
-        return self.status in TERMINAL_STATUSES
-
 
 class JobStep(models.Model):
     """The recorded outcome of one ``ctx.step`` of a run, memoized across attempts."""
@@ -227,8 +215,3 @@ class JobStep(models.Model):
 
     def __str__(self) -> str:
         return f"{self.step_id} of run {self.run_id}"
-
-
-def row_to_run(row: dict[str, Any]) -> JobRun:
-    """Build a JobRun instance from a ``values()`` row without another query."""
-    return JobRun(**row)

@@ -48,21 +48,28 @@ class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
         return super().count
 
 
-class JobTypeFilter(admin.SimpleListFilter):
+class ExactFilter(admin.SimpleListFilter):
+    """A list filter on one column's exact value; subclasses say which values to offer."""
+
+    field = ""
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> QuerySet[JobRun]:
+        value = self.value()
+        return queryset.filter(**{self.field: value}) if value else queryset
+
+
+class JobTypeFilter(ExactFilter):
     title = "job type"
-    parameter_name = "job_type"
+    parameter_name = field = "job_type"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         # From the registry, not a DISTINCT over the whole table.
         return [(name, name) for name in sorted(all_handlers())]
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> QuerySet[JobRun]:
-        return queryset.filter(job_type=self.value()) if self.value() else queryset
 
-
-class PoolFilter(admin.SimpleListFilter):
+class PoolFilter(ExactFilter):
     title = "pool"
-    parameter_name = "pool"
+    parameter_name = field = "pool"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         pools = {handler.pool for handler in all_handlers().values()}
@@ -72,13 +79,11 @@ class PoolFilter(admin.SimpleListFilter):
             pools.update(worker_pools or [])
         return [(name, name) for name in sorted(pools)]
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> QuerySet[JobRun]:
-        return queryset.filter(pool=self.value()) if self.value() else queryset
 
-
-class TenantFilter(admin.SimpleListFilter):
+class TenantFilter(ExactFilter):
     title = "tenant"
     parameter_name = "tenant"
+    field = "tenant_id"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         tenants = (
@@ -89,9 +94,6 @@ class TenantFilter(admin.SimpleListFilter):
             .distinct()[:100]
         )
         return [(t, t) for t in tenants if t is not None]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> QuerySet[JobRun]:
-        return queryset.filter(tenant_id=self.value()) if self.value() else queryset
 
 
 class JobRunAdmin(OperationsMixin, admin.ModelAdmin):  # type: ignore[type-arg,misc]
