@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from django.db import connections
 
@@ -35,6 +36,15 @@ def notify_pools(pools: Iterable[str]) -> None:
         cursor.execute(
             "SELECT pg_notify(%s, pool) FROM unnest(%s::text[]) AS pool", [CHANNEL, names]
         )
+
+
+def raw_connection_params() -> dict[str, Any]:
+    """Django's connection settings for the jobs database, for a plain psycopg connection."""
+    params = connections[conf.get().DATABASE].get_connection_params()
+    # Django's own cursor class and type adapters belong to its connections.
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    return params
 
 
 class Listener:
@@ -79,11 +89,7 @@ class Listener:
     def _listen(self) -> None:
         import psycopg
 
-        alias = conf.get().DATABASE
-        params = connections[alias].get_connection_params()
-        params.pop("cursor_factory", None)
-        params.pop("context", None)
-        with psycopg.connect(**params, autocommit=True) as connection:
+        with psycopg.connect(**raw_connection_params(), autocommit=True) as connection:
             connection.execute(f"LISTEN {CHANNEL}")
             self.connected.set()
             self._pause = 0.5  # the backoff starts over after each good connection

@@ -18,6 +18,7 @@ from django_jobs import claims, start
 from django_jobs.batching import Completer
 from django_jobs.execution import Outcome, execute
 from django_jobs.models import JobRun, Status
+from django_jobs.notify import raw_connection_params
 from tests.factories import JobRunFactory, WorkerFactory
 from tests.helpers import wait_until
 
@@ -129,10 +130,7 @@ class SameBatch:
         self.threads: list[threading.Thread] = []
 
     def __enter__(self) -> SameBatch:
-        params = connection.get_connection_params()
-        params.pop("cursor_factory", None)
-        params.pop("context", None)
-        self.lock = psycopg.connect(**params)
+        self.lock = psycopg.connect(**raw_connection_params())
         self.lock.execute(
             "SELECT 1 FROM django_jobs_jobrun WHERE id = %s FOR UPDATE", [self.blocker.run_id]
         )

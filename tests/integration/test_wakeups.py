@@ -13,7 +13,7 @@ from django.db import connection, transaction
 from django_jobs import claims, start, start_many
 from django_jobs.batching import Completer, complete_many
 from django_jobs.models import JobRun, Status
-from django_jobs.notify import CHANNEL, Listener
+from django_jobs.notify import CHANNEL, Listener, raw_connection_params
 from tests.factories import WorkerFactory
 from tests.helpers import wait_until
 
@@ -21,10 +21,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def listening() -> psycopg.Connection[Any]:
-    params = connection.get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    conn = psycopg.connect(**params, autocommit=True)
+    conn = psycopg.connect(**raw_connection_params(), autocommit=True)
     conn.execute(f"LISTEN {CHANNEL}")
     return conn
 
