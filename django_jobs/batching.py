@@ -15,6 +15,7 @@ import json
 import logging
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from . import conf
 from .claims import Claim
 from .models import JobRun, Status
+from .sql import fetch
 
 logger = logging.getLogger(__name__)
 
@@ -35,18 +37,38 @@ MAX_BATCH = 500
 class _Pending:
     claim: Claim
     output: Any
-    done: threading.Event = field(default_factory=threading.Event)
+    # Set once written; None for a handed-off completion, which nobody waits for.
+    done: threading.Event | None = field(default_factory=threading.Event)
+    duration: float = 0.0  # of the handler, for the log line of a handed-off run
     written: bool = False
     error: BaseException | None = None
 
 
 class Completer:
-    """Gathers completions from worker threads and writes them in batches."""
+    """Gathers completions from worker threads and writes them in batches.
 
-    def __init__(self) -> None:
+    Two ways in: ``complete`` waits until the row is written (the caller then
+    sends ``run_completed``), ``hand_off`` returns at once and leaves the write,
+    its retries and its log line to the completer, so the worker's thread is
+    free for the next run while the batch is written. ``after_write`` is called
+    (on the completer's thread) after every batch, e.g. to wake the claim loop
+    for runs whose concurrency key was just freed.
+    """
+
+    def __init__(
+        self,
+        after_write: Callable[[], None] | None = None,
+        stop: threading.Event | None = None,
+    ) -> None:
         self._items: list[_Pending] = []
         self._lock = threading.Condition()
         self._closed = False
+        self._after_write = after_write
+        # Set when handed-off completions that cannot be written should be given up.
+        self._stop = stop or threading.Event()
+        self._failures = 0  # consecutive batches lost to a broken connection
+        self._writing = 0  # completions taken from the list and not yet written
+        self.writes = 0  # batches written so far
         self._thread = threading.Thread(
             target=self._loop, name="django-jobs-completer", daemon=True
         )
@@ -59,18 +81,24 @@ class Completer:
         (``execution.settle``) retries on a fresh connection as for one write.
         """
         item = _Pending(claim, output)
-        with self._lock:
-            closed = self._closed
-            if not closed:
-                self._items.append(item)
-                self._lock.notify()
-        if closed:
+        if not self._add(item):
             # A handler that outlived the worker's drain: write it alone.
             return bool(complete_many([(claim, output)]))
+        assert item.done is not None
         item.done.wait()
         if item.error is not None:
             raise item.error
         return item.written
+
+    def hand_off(self, claim: Claim, output: Any, duration: float) -> bool | None:
+        """Have the run marked completed with ``output`` in the next batch, without waiting.
+
+        Returns None once handed off. After ``close`` (a handler that outlived
+        the drain) the run is written alone: True, or False when the lease was lost.
+        """
+        if self._add(_Pending(claim, output, done=None, duration=duration)):
+            return None
+        return bool(complete_many([(claim, output)]))
 
     def close(self) -> None:
         """Write what is gathered, then stop (pending callers get their results)."""
@@ -78,6 +106,19 @@ class Completer:
             self._closed = True
             self._lock.notify()
         self._thread.join(timeout=30)
+
+    def busy(self) -> bool:
+        """Whether completions are waiting to be written or being written."""
+        with self._lock:
+            return bool(self._items or self._writing)
+
+    def _add(self, item: _Pending) -> bool:
+        with self._lock:
+            if self._closed:
+                return False
+            self._items.append(item)
+            self._lock.notify()
+        return True
 
     def _loop(self) -> None:
         try:
@@ -88,7 +129,13 @@ class Completer:
                     if not self._items and self._closed:
                         return
                     batch, self._items = self._items[:MAX_BATCH], self._items[MAX_BATCH:]
+                    self._writing = len(batch)
                 self._flush(batch)
+                with self._lock:
+                    self._writing = 0
+                    self.writes += 1
+                if self._after_write is not None:
+                    self._after_write()
         finally:
             connections.close_all()
 
@@ -98,11 +145,15 @@ class Completer:
         try:
             written = complete_many([(item.claim, item.output) for item in batch])
         except (OperationalError, InterfaceError) as exc:
-            # The connection broke: every caller retries on its own (settle).
+            # The connection broke: every waiting caller retries on its own
+            # (settle); handed-off completions are tried again here.
             discard_broken_connections()
+            retry = [item for item in batch if item.done is None]
             for item in batch:
-                item.error = exc
-                item.done.set()
+                if item.done is not None:
+                    item.error = exc
+                    item.done.set()
+            self._retry_later(retry, exc)
             return
         except DatabaseError:
             # One row the database refused must not fail its neighbours: write
@@ -111,16 +162,55 @@ class Completer:
             for item in batch:
                 self._flush_one(item)
             return
+        self._failures = 0
         for item in batch:
             item.written = (item.claim.run_id, item.claim.lease_token) in written
-            item.done.set()
+            self._finish(item)
+
+    def _retry_later(self, items: list[_Pending], exc: BaseException) -> None:
+        if not items:
+            return
+        self._failures += 1
+        pause = min(0.2 * 2 ** (self._failures - 1), 5.0)
+        logger.warning(
+            "%d completions not written, database unavailable (%s); retrying in %.1fs",
+            len(items),
+            type(exc).__name__,
+            pause,
+        )
+        if self._stop.wait(pause):
+            # The worker stops hard: these runs stay running under their lease
+            # and are rescued (run again) once this worker's heartbeat is stale.
+            logger.error(
+                "completions of runs %s not written before the worker stopped",
+                ",".join(str(item.claim.run_id) for item in items),
+            )
+            return
+        with self._lock:
+            self._items[:0] = items
 
     def _flush_one(self, item: _Pending) -> None:
         try:
             item.written = bool(complete_many([(item.claim, item.output)]))
         except DatabaseError as exc:
+            if item.done is None:
+                # Nobody waits to turn the error into the run's failure: do it here.
+                from .execution import error_record, fail_write, log_outcome, settle
+
+                error = error_record(exc, item.claim.attempt, retryable=False)
+                outcome = settle(item.claim, fail_write(item.claim, error), self._stop)
+                log_outcome(item.claim, outcome, item.duration)
+                return
             item.error = exc
-        item.done.set()
+        self._finish(item)
+
+    def _finish(self, item: _Pending) -> None:
+        if item.done is not None:
+            item.done.set()
+            return
+        from .execution import Outcome, log_outcome
+
+        log_outcome(item.claim, Outcome.COMPLETED if item.written else Outcome.LOST, item.duration)
 
 
 def complete_many(items: list[tuple[Claim, Any]]) -> set[tuple[int, uuid.UUID]]:
@@ -141,22 +231,26 @@ def complete_many(items: list[tuple[Claim, Any]]) -> set[tuple[int, uuid.UUID]]:
         }
     # In id order, so that two writers never lock the same rows in opposite orders.
     items = sorted(items, key=lambda item: item[0].run_id)
-    values = ", ".join(["(%s::bigint, %s::uuid, %s::jsonb)"] * len(items))
-    params: list[Any] = []
-    for claim, output in items:
-        params += [
-            claim.run_id,
-            claim.lease_token,
-            None if output is None else json.dumps(output, cls=DjangoJSONEncoder),
-        ]
-    table = JobRun._meta.db_table
-    sql = f"""
+    table = connection.ops.quote_name(JobRun._meta.db_table)
+    # Arrays rather than a VALUES list: one statement text for every batch
+    # size, so it is prepared once.
+    statement = f"""
         UPDATE {table} AS run
-        SET status = %s, output = v.output, finished_at = now(), lease_token = NULL
-        FROM (VALUES {values}) AS v(id, token, output)
+        SET status = %s, output = v.output, finished_at = STATEMENT_TIMESTAMP(),
+            lease_token = NULL
+        FROM unnest(%s::bigint[], %s::uuid[], %s::jsonb[]) AS v(id, token, output)
         WHERE run.id = v.id AND run.status = %s AND run.lease_token = v.token
         RETURNING run.id, v.token
     """
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [Status.COMPLETED, *params, Status.RUNNING])
-        return {(row[0], row[1]) for row in cursor.fetchall()}
+    params = [
+        Status.COMPLETED,
+        [claim.run_id for claim, _ in items],
+        [claim.lease_token for claim, _ in items],
+        [_json(output) for _, output in items],
+        Status.RUNNING,
+    ]
+    return {(run_id, token) for run_id, token in fetch(using, statement, params)}
+
+
+def _json(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, cls=DjangoJSONEncoder)

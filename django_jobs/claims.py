@@ -14,6 +14,7 @@ The rules (DESIGN.md 1-5) in short:
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import Iterable, Sequence
@@ -25,8 +26,8 @@ from django.db import IntegrityError, connections, transaction
 from django.db.models import DateTimeField, Exists, ExpressionWrapper, F, OuterRef, Q, Value
 from django.db.models.functions import Now
 
-from . import conf
-from .models import JobRun, Status, Worker, WorkerStatus
+from . import conf, sql
+from .models import JobRun, JobStep, Status, Worker, WorkerStatus
 from .notify import notify_pools
 
 logger = logging.getLogger(__name__)
@@ -56,6 +57,8 @@ class Claim:
 
     row: dict[str, Any]
     lease_token: uuid.UUID
+    # Whether the run had recorded steps when claimed; None when not known.
+    has_steps: bool | None = None
 
     @property
     def run_id(self) -> int:
@@ -92,6 +95,25 @@ def claim_batch(worker_id: uuid.UUID, pools: Sequence[str] | None, limit: int) -
     """
     if limit <= 0:
         return []
+    try:
+        if connections[_using()].vendor == "postgresql":
+            return _claim_in_one_statement(worker_id, pools, limit)
+        return _claim(worker_id, _candidates(pools), limit)
+    except IntegrityError:
+        # The unique index refused a second running run of one key: a claim that
+        # took the key committed after this statement's snapshot was taken (or
+        # the worker row is gone). Nothing was written; claim again the careful
+        # way, whose second statement sees that commit.
+        logger.debug("claim refused by an integrity constraint; claiming again", exc_info=True)
+        try:
+            return _claim(worker_id, _candidates(pools), limit)
+        except IntegrityError:
+            logger.warning("claim refused by an integrity constraint; retrying", exc_info=True)
+            return []
+
+
+def _candidates(pools: Sequence[str] | None) -> Any:
+    """Due runs of ``pools`` that may be claimed now, in claim order, locked as read."""
     runs = _runs().due(pools)
     # A run whose concurrency key is running now is not a candidate, so a blocked
     # run is passed over instead of being claimed and put back (no spinning).
@@ -99,28 +121,91 @@ def claim_batch(worker_id: uuid.UUID, pools: Sequence[str] | None, limit: int) -
     # an anti-join that scans every running row on each claim.
     key_busy = _runs().filter(concurrency_key=OuterRef("concurrency_key"), status=Status.RUNNING)
     runs = runs.filter(Q(concurrency_key__isnull=True) | ~Exists(key_busy))
-    try:
-        return _claim(worker_id, runs, limit)
-    except IntegrityError:
-        # The unique index refused a second running run of one key (a race the
-        # advisory locks should prevent) or the worker row is gone. This claim
-        # wrote nothing; the next tick tries again.
-        logger.warning("claim refused by an integrity constraint; retrying", exc_info=True)
-        return []
+    # SKIP LOCKED: rows another worker is claiming right now are passed over
+    # instead of waited for, so claimers never queue behind each other and
+    # never both get one row. The filter and order match the partial index
+    # django_jobs_run_claim, so the cost does not grow with finished history.
+    return runs.order_by("-priority", "run_at").select_for_update(skip_locked=True)
+
+
+# (database alias, pools, limit) -> the claim statement and its fixed parameters
+_claim_statements: dict[tuple[str, tuple[str, ...] | None, int], tuple[str, list[Any]]] = {}
+
+
+def _claim_statement(pools: Sequence[str] | None, limit: int) -> tuple[str, list[Any]]:
+    """The one-statement claim: the ORM's locking SELECT inside an UPDATE ... RETURNING.
+
+    Built once per pools and batch size, then sent as a prepared statement
+    (``sql.fetch``), so the server plans it once per connection.
+    """
+    using = _using()
+    cache_key = (using, None if pools is None else tuple(pools), limit)
+    if cache_key in _claim_statements:
+        return _claim_statements[cache_key]
+    picked = _candidates(pools).values("id", "concurrency_key", "priority", "run_at")[:limit]
+    connection = connections[using]
+    # The ORM refuses to compile FOR UPDATE outside a transaction; nothing runs here.
+    with transaction.atomic(using=using):
+        picked_sql, picked_params = picked.query.get_compiler(using).as_sql()
+    table = connection.ops.quote_name(JobRun._meta.db_table)
+    step_table = connection.ops.quote_name(JobStep._meta.db_table)
+    returning = ", ".join(f"run.{connection.ops.quote_name(name)}" for name in CLAIM_FIELDS)
+    # One row per concurrency key (the first in claim order), and a key only
+    # under a transaction-scoped advisory lock taken without waiting: two claims
+    # putting several keys into the unique index at once could otherwise wait
+    # on each other in a cycle (see _one_per_key for the two-statement form).
+    statement = f"""
+        WITH picked AS MATERIALIZED ({picked_sql}),
+        ranked AS (
+            SELECT id, concurrency_key, row_number() OVER (
+                PARTITION BY concurrency_key ORDER BY priority DESC, run_at
+            ) AS nth
+            FROM picked
+        )
+        UPDATE {table} AS run
+        SET status = %s, attempts = run.attempts + 1, claimed_by_id = %s,
+            lease_token = %s, started_at = STATEMENT_TIMESTAMP()
+        FROM ranked
+        WHERE run.id = ranked.id AND run.status = %s AND (
+            ranked.concurrency_key IS NULL OR (
+                ranked.nth = 1
+                AND pg_try_advisory_xact_lock(
+                    {ADVISORY_NAMESPACE}, hashtext(ranked.concurrency_key)
+                )
+            )
+        )
+        RETURNING {returning}, EXISTS (
+            SELECT 1 FROM {step_table} AS step WHERE step.run_id = run.id
+        ) AS has_steps
+    """
+    _claim_statements[cache_key] = (statement, list(picked_params))
+    return _claim_statements[cache_key]
+
+
+def _claim_in_one_statement(
+    worker_id: uuid.UUID, pools: Sequence[str] | None, limit: int
+) -> list[Claim]:
+    statement, params = _claim_statement(pools, limit)
+    token = uuid.uuid4()
+    rows = sql.fetch(
+        _using(), statement, [*params, Status.RUNNING, worker_id, token, Status.PENDING]
+    )
+    claims = []
+    for values in rows:
+        row = dict(zip(CLAIM_FIELDS, values[:-1], strict=True))
+        if isinstance(row["input"], str):
+            row["input"] = json.loads(row["input"])
+        claims.append(Claim(row=row, lease_token=token, has_steps=values[-1]))
+    # In claim order, as the two-statement claim returns them.
+    claims.sort(key=lambda claim: (-claim.row["priority"], claim.row["run_at"]))
+    return claims
 
 
 def _claim(worker_id: uuid.UUID, runs: Any, limit: int) -> list[Claim]:
+    """The two-statement claim (other databases, and after a key conflict)."""
     token = uuid.uuid4()
     with transaction.atomic(using=_using()):
-        # SKIP LOCKED: rows another worker is claiming right now are passed over
-        # instead of waited for, so claimers never queue behind each other and
-        # never both get one row. The filter and order match the partial index
-        # django_jobs_run_claim, so the cost does not grow with finished history.
-        rows = list(
-            runs.order_by("-priority", "run_at")
-            .select_for_update(skip_locked=True)
-            .values(*CLAIM_FIELDS)[:limit]
-        )
+        rows = list(runs.values(*CLAIM_FIELDS)[:limit])
         rows = _one_per_key(rows)
         if not rows:
             return []

@@ -19,6 +19,7 @@ DEFAULTS: dict[str, Any] = {
     "CANCEL_GRACE": 30.0,
     "MAX_INPUT_BYTES": 1_048_576,
     "LISTEN_NOTIFY": True,
+    "PREPARED_STATEMENTS": True,
 }
 
 DURATION_KEYS = frozenset(
@@ -45,6 +46,7 @@ class JobsSettings:
     CANCEL_GRACE: float
     MAX_INPUT_BYTES: int
     LISTEN_NOTIFY: bool
+    PREPARED_STATEMENTS: bool
 
 
 def user_settings() -> dict[str, Any]:
@@ -71,8 +73,9 @@ def problems() -> list[str]:
     max_bytes = merged["MAX_INPUT_BYTES"]
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
         found.append(f"MAX_INPUT_BYTES must be a positive integer, got {max_bytes!r}")
-    if not isinstance(merged["LISTEN_NOTIFY"], bool):
-        found.append(f"LISTEN_NOTIFY must be True or False, got {merged['LISTEN_NOTIFY']!r}")
+    for key in ("LISTEN_NOTIFY", "PREPARED_STATEMENTS"):
+        if not isinstance(merged[key], bool):
+            found.append(f"{key} must be True or False, got {merged[key]!r}")
     return found
 
 

@@ -161,7 +161,10 @@ class JobContext:
 
     def _recorded(self, key: str) -> dict[str, Any] | None:
         if self._steps is None:
-            self._steps = steps.load(self.run_id)
+            # The claim says whether the run has recorded steps at all; a first
+            # execution then skips the query.
+            fresh = self._claim.has_steps is False
+            self._steps = {} if fresh else steps.load(self.run_id)
         row = self._steps.get(key)
         return row if row is not None and row["status"] == "completed" else None
 

@@ -33,6 +33,7 @@ class Outcome(StrEnum):
     TIMED_OUT = "timed_out"
     WAITING = "waiting"  # suspended on children or a durable sleep; already recorded
     LOST = "lost"  # the lease was gone when the outcome was written: nothing written
+    QUEUED = "queued"  # a completion handed to the batch writer, which records and logs it
 
 
 # The run status an outcome ends in, for outcomes that end the run.
@@ -44,6 +45,9 @@ ENDING = {
 }
 
 Write = Callable[[], Outcome]
+# Takes a completion over: (claim, output, duration) -> None once handed off, or
+# whether the run was written when it had to be written at once.
+HandOff = Callable[[Claim, Any, float], "bool | None"]
 
 
 def error_record(error: BaseException, attempt: int, *, retryable: bool) -> dict[str, Any]:
@@ -80,21 +84,26 @@ def execute(
     ctx: JobContext | None = None,
     stop: threading.Event | None = None,
     complete: Callable[[Claim, Any], bool] | None = None,
+    hand_off: HandOff | None = None,
 ) -> Outcome:
     """Run the handler of ``claim`` and record what happened. Never raises for the run.
 
     ``stop`` is the worker's hard-stop event: outcome writes that fail on a dropped
     connection are retried until they land or it is set. ``complete`` writes a
-    completion (a worker passes its batching ``Completer.complete``).
+    completion (a worker passes its batching ``Completer.complete``); ``hand_off``,
+    when given, takes over the completion of a run without a parent while nobody
+    listens to ``run_completed`` (``Completer.hand_off``): the outcome is then
+    ``QUEUED``, and the completer records and logs it.
     """
     started = time.monotonic()
     try:
-        outcome = _execute(claim, ctx, stop, complete or claims.complete)
+        outcome = _execute(claim, ctx, stop, complete or claims.complete, hand_off)
     except Exception as exc:
         # A bug of ours, not the handler's: still end the run, never leave it running.
         logger.exception("run=%s could not be executed", claim.run_id)
         outcome = settle(claim, _last_resort(claim, exc), stop)
-    _log(claim, outcome, started)
+    if outcome is not Outcome.QUEUED:
+        log_outcome(claim, outcome, time.monotonic() - started)
     return outcome
 
 
@@ -103,6 +112,7 @@ def _execute(
     ctx: JobContext | None,
     stop: threading.Event | None,
     complete: Callable[[Claim, Any], bool],
+    hand_off: HandOff | None,
 ) -> Outcome:
     try:
         handler = get_handler(claim.row["job_type"])
@@ -116,7 +126,7 @@ def _execute(
             write = cancel_write(claim, "canceled before the attempt started")
         else:
             ctx = ctx or JobContext(claim, timeout=handler.timeout)
-            write = _run_handler(handler, ctx, complete)
+            write = _run_handler(handler, ctx, complete, hand_off)
     return settle(claim, write, stop)
 
 
@@ -133,7 +143,10 @@ def _last_resort(claim: Claim, exc: Exception) -> Write:
 
 
 def _run_handler(
-    handler: JobHandler, ctx: JobContext, complete: Callable[[Claim, Any], bool]
+    handler: JobHandler,
+    ctx: JobContext,
+    complete: Callable[[Claim, Any], bool],
+    hand_off: HandOff | None,
 ) -> Write:
     """Call the handler and return the write that records its result (not yet done)."""
     claim = ctx.claim
@@ -163,7 +176,16 @@ def _run_handler(
     if claim.row["parent_id"] is not None:
         # Its parent may wait for it: the wake-up needs the single-run path.
         complete = claims.complete
+    elif hand_off is not None and not signals.run_completed.has_listeners(JobRun):
+        return partial(_hand_off, hand_off, claim, output, time.monotonic() - ctx.started)
     return partial(_write, complete, claim, output, Outcome.COMPLETED)
+
+
+def _hand_off(hand_off: HandOff, claim: Claim, output: Any, duration: float) -> Outcome:
+    written = hand_off(claim, output, duration)
+    if written is None:
+        return Outcome.QUEUED
+    return Outcome.COMPLETED if written else Outcome.LOST
 
 
 def error_write(handler: JobHandler, claim: Claim, exc: BaseException) -> Write:
@@ -303,12 +325,13 @@ def discard_broken_connections() -> None:
             connection.errors_occurred = False
 
 
-def _log(claim: Claim, outcome: Outcome, started: float) -> None:
+def log_outcome(claim: Claim, outcome: Outcome, duration: float) -> None:
+    """The one INFO line per run outcome (no payloads)."""
     logger.info(
         "run=%s type=%s outcome=%s attempt=%d duration=%.3fs",
         claim.run_id,
         claim.row["job_type"],
         outcome.value,
         claim.attempt,
-        time.monotonic() - started,
+        duration,
     )

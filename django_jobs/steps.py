@@ -6,11 +6,11 @@ import json
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import connections
 
 from . import conf
 from .claims import Claim
 from .models import JobRun, JobStep, Status
+from .sql import fetch
 
 
 def load(run_id: int) -> dict[str, dict[str, Any]]:
@@ -42,7 +42,7 @@ def record(
     run_table = JobRun._meta.db_table
     step_table = JobStep._meta.db_table
     status = JobStep.StepStatus.FAILED if error is not None else JobStep.StepStatus.COMPLETED
-    sql = f"""
+    statement = f"""
         INSERT INTO {step_table}
             (run_id, step_id, seq, status, attempts, output, error, started_at, finished_at)
         SELECT %s, %s, %s, %s, 1, %s::jsonb, %s::jsonb, COALESCE(%s, now()), now()
@@ -60,6 +60,7 @@ def record(
             started_at = EXCLUDED.started_at,
             finished_at = EXCLUDED.finished_at
         WHERE {step_table}.status <> 'completed'
+        RETURNING 1
     """
     params = [
         claim.run_id,
@@ -73,6 +74,4 @@ def record(
         Status.RUNNING,
         claim.lease_token,
     ]
-    with connections[conf.get().DATABASE].cursor() as cursor:
-        cursor.execute(sql, params)
-        return bool(cursor.rowcount)
+    return bool(fetch(conf.get().DATABASE, statement, params))

@@ -24,7 +24,14 @@ from .batching import Completer
 from .claims import Claim
 from .context import JobContext
 from .exceptions import UnknownJobType
-from .execution import cancel_write, discard_broken_connections, execute, settle, timeout_write
+from .execution import (
+    Outcome,
+    cancel_write,
+    discard_broken_connections,
+    execute,
+    settle,
+    timeout_write,
+)
 from .models import WorkerStatus
 from .notify import Listener, notify_pools
 from .registry import get_handler
@@ -81,7 +88,7 @@ class Worker:
     def run(self) -> int:
         """Work until told to stop (or, in burst mode, until nothing is due)."""
         self._register()
-        self._completer = Completer()
+        self._completer = Completer(after_write=self._written, stop=self.hard_stop)
         logger.info(
             "worker=%s started pools=%s concurrency=%d",
             self.worker_id,
@@ -155,6 +162,8 @@ class Worker:
             free = self._wait_for_free_slots()
             if free == 0:
                 continue
+            # Completions written after this point may free keys this claim missed.
+            writes = self._completer.writes
             try:
                 batch = claims.claim_batch(self.worker_id, self.pools, free)  # type: ignore[arg-type]
                 failures = 0
@@ -170,7 +179,7 @@ class Worker:
             self._dispatch(batch)
             if batch:
                 logger.debug("worker=%s claimed=%d", self.worker_id, len(batch))
-            if len(batch) < free and self._idle_done():
+            if len(batch) < free and self._idle_done(writes):
                 return
 
     def _wait_for_free_slots(self) -> int:
@@ -183,17 +192,22 @@ class Worker:
             free = min(free, self.max_runs - self.claimed)
         return 0 if self.stopping.is_set() else free
 
-    def _idle_done(self) -> bool:
-        """After a short claim: decide whether to stop (burst, max runs) or wait a poll interval."""
+    def _idle_done(self, writes: int) -> bool:
+        """After a short claim: decide whether to stop (burst, max runs) or wait a poll interval.
+
+        ``writes`` is the completer's count of writes before the claim began.
+        """
         if self.max_runs is not None and self.claimed >= self.max_runs:
             return True
         if self.burst:
             with self._slots:
-                if not self._in_flight:
-                    return True
-                # Something is still running and may schedule more: wait for it.
-                self._slots.wait(timeout=self.poll_interval)
-            return False
+                if self._in_flight or self._completer.busy():
+                    # Something is still running or being recorded, and may
+                    # schedule more or free a concurrency key: wait for it.
+                    self._slots.wait(timeout=self.poll_interval)
+                    return False
+                # Done, unless a completion landed since the claim began.
+                return self._completer.writes == writes
         self._wake.wait(self.poll_interval)
         self._wake.clear()
         return False
@@ -207,23 +221,36 @@ class Worker:
         for ctx in contexts:
             self._queue.put(ctx)
 
+    def _written(self) -> None:
+        """After the completer's every write: the runs' concurrency keys are free now."""
+        self._wake.set()
+        with self._slots:
+            self._slots.notify_all()
+
     # --- running ------------------------------------------------------------------
 
     def _run_slot(self) -> None:
         """One thread of the pool: run claims one after another on one kept connection."""
+        complete, hand_off = self._completer.complete, self._completer.hand_off
         while (ctx := self._queue.get()) is not None:
+            outcome = None
             try:
-                execute(ctx.claim, ctx=ctx, stop=self.hard_stop, complete=self._completer.complete)
+                outcome = execute(
+                    ctx.claim, ctx=ctx, stop=self.hard_stop, complete=complete, hand_off=hand_off
+                )
             except Exception:
                 logger.exception("run=%s crashed the executor", ctx.run_id)
             finally:
+                # A queued completion frees the slot now: the completer writes
+                # it (and wakes the claim loop) while this thread runs the next.
                 with self._slots:
                     self._in_flight.discard(ctx)
                     self.finished += 1
                     self._slots.notify_all()
-                # A finished run may have freed a concurrency key or woken a
-                # parent: look for due runs now rather than after a poll interval.
-                self._wake.set()
+                if outcome is not Outcome.QUEUED:
+                    # A finished run may have freed a concurrency key or woken a
+                    # parent: look for due runs now rather than after a poll interval.
+                    self._wake.set()
         connections.close_all()
 
     # --- heartbeat, rescue and the watchdog ---------------------------------------

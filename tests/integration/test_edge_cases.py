@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -275,7 +276,8 @@ def test_cancel_without_cascade_of_a_running_parent_leaves_its_children() -> Non
     (claim,) = claims.claim_batch(WorkerFactory().pk, ["default"], 1)
     child = JobContext(claim).spawn_child("tests.echo", {"i": 0})
     assert cancel(claim.run_id, cascade=False) == 1
-    ctx = JobContext(claim)
+    # A second execution under the same claim: it must look up the step just recorded.
+    ctx = JobContext(dataclasses.replace(claim, has_steps=True))
     ctx.request_cancel()  # the worker noticed the request; the next step raises JobCanceled
     assert execute(claim, ctx=ctx) is Outcome.CANCELED
     # A waiting parent canceled with cascade=False keeps its children; a running one

@@ -146,7 +146,7 @@ class SameBatch:
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                "AND query LIKE '%%UPDATE django_jobs_jobrun AS run%%'"
+                "AND query LIKE '%%UPDATE \"django_jobs_jobrun\" AS run%%'"
             )
             return bool(cursor.fetchone()[0])
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 
 import pytest
@@ -19,6 +20,11 @@ def claimed_context(job_type: str = "tests.noop") -> JobContext:
     start(job_type)
     (claim,) = claims.claim_batch(WorkerFactory().pk, None, 1)
     return JobContext(claim)
+
+
+def replay_of(ctx: JobContext) -> JobContext:
+    """A later execution of the run: its claim knows that steps were recorded."""
+    return JobContext(dataclasses.replace(ctx.claim, has_steps=True))
 
 
 def steal(ctx: JobContext) -> None:
@@ -55,7 +61,7 @@ def test_a_spawn_after_the_lease_changed_creates_no_child() -> None:
 def test_a_replayed_spawn_returns_the_same_child() -> None:
     ctx = claimed_context()
     first = ctx.spawn_child("tests.echo", {"n": 1})
-    replay = JobContext(ctx.claim)
+    replay = replay_of(ctx)
     assert replay.spawn_child("tests.echo", {"n": 1}).pk == first.pk
     assert JobRun.objects.filter(parent_id=ctx.run_id).count() == 1
 
@@ -72,5 +78,5 @@ def test_idempotency_keys_are_stable_and_distinct_per_occurrence() -> None:
     ctx = claimed_context()
     keys = [ctx.step("send", lambda: ctx.idempotency_key("send")) for _ in range(3)]
     assert keys == [f"django_jobs:{ctx.run_id}:send{suffix}" for suffix in ("", "#2", "#3")]
-    replay = JobContext(ctx.claim)
+    replay = replay_of(ctx)
     assert [replay.step("send", lambda: "not called") for _ in range(3)] == keys
