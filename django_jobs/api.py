@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import copy
+import json
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connections, transaction
+from django.db.models.base import ModelState
+from django.db.models.expressions import DatabaseDefault
 from django.db.models.functions import Now
+from django.db.models.signals import post_init, pre_init
 from django.utils import timezone
 
 from . import conf, lifecycle
 from .exceptions import InvalidJobInput, InvalidTransition, RunNotFound
 from .models import TERMINAL_STATUSES, JobRun, JobStep, Status
 from .notify import notify_pools
-from .payloads import normalize
+from .payloads import normalize, to_json
 from .registry import JobHandler, get_handler
 
 RETRYABLE_STATUSES = frozenset({Status.FAILED, Status.TIMED_OUT, Status.CANCELED})
@@ -86,10 +91,97 @@ def start_many(job_type: str, inputs: Iterable[Any], **options: Any) -> list[Job
     if "idempotency_key" in options:
         raise TypeError("start_many() does not take idempotency_key; use start() per run")
     handler = get_handler(job_type)
-    runs = [_build(handler, item, **options) for item in inputs]
-    if not runs:
+    # The options are the same for every run: validate them once, on a template.
+    given_key = options.pop("concurrency_key", None)
+    template = _template(handler, **options)
+    texts = [to_json({} if item is None else item, what="input") for item in inputs]
+    data = [json.loads(text) for text in texts]
+    if given_key is not None or not callable(handler.concurrency_key):
+        keys = [_key(handler, None, given_key)] * len(data)
+    else:
+        keys = [_key(handler, value, None) for value in data]
+    if not data:
         return []
-    return JobRun.objects.using(conf.get().DATABASE).bulk_create(runs)
+    using = conf.get().DATABASE
+    if connections[using].vendor != "postgresql":
+        runs = [_copy(template, value, key) for value, key in zip(data, keys, strict=True)]
+        return JobRun.objects.using(using).bulk_create(runs)
+    return _insert_many(using, template, texts, data, keys)
+
+
+def _insert_many(
+    using: str, template: JobRun, texts: list[str], data: list[Any], keys: list[str | None]
+) -> list[JobRun]:
+    """One ``INSERT ... SELECT FROM unnest(...)``: the runs differ only in input and key.
+
+    Returns the runs as if loaded from the database. The ids come back as one
+    array and the time of the statement once, not as a row per run: reading
+    20,000 timestamps costs more than inserting the rows.
+    """
+    connection = connections[using]
+    quote = connection.ops.quote_name
+    columns: list[str] = []
+    values: list[str] = []
+    params: list[Any] = []
+    now_columns = []  # columns whose database default is the statement's time
+    for field in JobRun._meta.concrete_fields:
+        if field.primary_key:
+            continue
+        columns.append(quote(str(field.column)))
+        value = getattr(template, field.attname)
+        if field.attname in ("input", "concurrency_key"):
+            values.append(f"v.{field.attname}")
+        elif isinstance(value, DatabaseDefault):
+            # Now() is JobRun's only database default.
+            assert isinstance(value.get_source_expressions()[0], Now), value
+            now_columns.append(field.attname)
+            values.append("STATEMENT_TIMESTAMP()")
+        else:
+            values.append(f"%s::{field.cast_db_type(connection) or 'text'}")
+            params.append(field.get_db_prep_save(value, connection))
+    statement = (
+        f"WITH inserted AS (INSERT INTO {quote(JobRun._meta.db_table)} ({', '.join(columns)}) "
+        f"SELECT {', '.join(values)} "
+        "FROM unnest(%s::jsonb[], %s::text[]) WITH ORDINALITY AS v(input, concurrency_key, n) "
+        "ORDER BY v.n RETURNING id) "
+        # Ids come from a sequence in insertion order, so sorted they match the inputs.
+        "SELECT array_agg(id ORDER BY id), STATEMENT_TIMESTAMP() FROM inserted"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(statement, [*params, texts, keys])
+        ids, now = cursor.fetchone()
+    fields = {
+        field.attname: getattr(template, field.attname) for field in JobRun._meta.concrete_fields
+    }
+    fields.update(dict.fromkeys(now_columns, now))
+    return [
+        _loaded(using, {**fields, "id": run_id, "input": value, "concurrency_key": key})
+        for run_id, value, key in zip(ids, data, keys, strict=True)
+    ]
+
+
+def _loaded(using: str, fields: dict[str, Any]) -> JobRun:
+    """A JobRun as ``Model.from_db`` builds it, without the per-field ``__init__``.
+
+    ``from_db`` costs more than the INSERT itself for large batches; it is used
+    only when something listens to ``pre_init`` or ``post_init`` for JobRun.
+    """
+    if pre_init.has_listeners(JobRun) or post_init.has_listeners(JobRun):
+        return JobRun.from_db(using, list(fields), list(fields.values()))
+    run = JobRun.__new__(JobRun)
+    run.__dict__.update(fields)
+    run._state = ModelState()
+    run._state.adding = False
+    run._state.db = using
+    return run
+
+
+def _copy(template: JobRun, data: Any, key: str | None) -> JobRun:
+    run = copy.copy(template)
+    run._state = copy.copy(template._state)
+    run.input = data
+    run.concurrency_key = key
+    return run
 
 
 def start_child(
@@ -200,29 +292,40 @@ def _build(
     handler: JobHandler,
     input: Any,
     *,
+    concurrency_key: str | None = None,
+    **options: Any,
+) -> JobRun:
+    """Validate one run's input and options and return the unsaved JobRun."""
+    run = _template(handler, **options)
+    run.input = normalize({} if input is None else input, what="input")
+    run.concurrency_key = _key(handler, run.input, concurrency_key)
+    return run
+
+
+def _key(handler: JobHandler, data: Any, given: str | None) -> str | None:
+    """The run's concurrency key: the one given, else the handler's for this input."""
+    key = handler.concurrency_key_for(data) if given is None else given
+    return _text("concurrency_key", key, 255)
+
+
+def _template(
+    handler: JobHandler,
+    *,
     pool: str | None = None,
     priority: int | None = None,
     run_at: datetime | None = None,
     delay: float | timedelta | None = None,
-    concurrency_key: str | None = None,
     idempotency_key: str | None = None,
     tags: Sequence[str] = (),
     tenant_id: str | None = None,
     parent: JobRun | int | None = None,
 ) -> JobRun:
-    """Validate one run's input and options and return the unsaved JobRun."""
-    data = normalize({} if input is None else input, what="input")
+    """Validate the options of a run and return it unsaved, without input or key yet."""
     run = JobRun(
         job_type=handler.job_type,
         pool=_required_text("pool", handler.pool if pool is None else pool, 100),
         priority=_priority(handler.priority if priority is None else priority),
         max_attempts=handler.retry.attempts,
-        input=data,
-        concurrency_key=_text(
-            "concurrency_key",
-            handler.concurrency_key_for(data) if concurrency_key is None else concurrency_key,
-            255,
-        ),
         idempotency_key=_text("idempotency_key", idempotency_key, 255),
         tags=_tags(tags),
         tenant_id=_text("tenant_id", tenant_id, 100),

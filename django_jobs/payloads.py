@@ -18,6 +18,11 @@ def normalize(value: Any, *, what: str) -> Any:
     become strings and tuples become lists here, at enqueue, not differently at
     every attempt. ``what`` names the value in the error ("input", "step 'charge'").
     """
+    return json.loads(to_json(value, what=what))
+
+
+def to_json(value: Any, *, what: str) -> str:
+    """The JSON text ``value`` is stored as; ``InvalidJobInput`` when it cannot be stored."""
     try:
         text = json.dumps(value, cls=DjangoJSONEncoder, allow_nan=False, ensure_ascii=False)
     except RecursionError:
@@ -38,4 +43,4 @@ def normalize(value: Any, *, what: str) -> Any:
         raise InvalidJobInput(
             f"{what} is {size} bytes as JSON, more than MAX_INPUT_BYTES ({limit})"
         )
-    return json.loads(text)
+    return text

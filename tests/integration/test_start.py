@@ -160,3 +160,63 @@ def test_start_many_refuses_idempotency_keys() -> None:
 def test_start_many_of_nothing_writes_nothing() -> None:
     assert start_many("tests.noop", []) == []
     assert flaky.start_many([{}, {}])[0].max_attempts == 3
+
+
+def _as_stored(run: JobRun) -> dict[str, Any]:
+    return {field.attname: getattr(run, field.attname) for field in JobRun._meta.concrete_fields}
+
+
+def test_start_many_returns_the_runs_as_stored() -> None:
+    parent = start("tests.noop", tenant_id="acme")
+    when = timezone.now() + datetime.timedelta(hours=1)
+    inputs = [{"on": datetime.date(2026, 12, 2), "i": i} for i in range(3)]
+    runs = start_many("tests.keyed", inputs, priority=-5, tags=["bulk"], parent=parent, run_at=when)
+    assert [run.input for run in runs] == [{"on": "2026-12-02", "i": i} for i in range(3)]
+    for run in runs:
+        stored = JobRun.objects.get(pk=run.pk)
+        assert _as_stored(run) == _as_stored(stored)
+        assert (run.root_id, run.tenant_id, run.run_at) == (parent.pk, "acme", when)
+        assert not run._state.adding
+        assert run._state.db == "default"
+    # Saved again, a returned run updates its row rather than inserting a second one.
+    runs[0].priority = 7
+    runs[0].save(update_fields=["priority"])
+    assert JobRun.objects.get(pk=runs[0].pk).priority == 7
+
+
+def test_start_many_takes_each_runs_key_from_its_input() -> None:
+    runs = start_many("tests.keyed", [{"key": "a"}, {}, {"key": "b"}])
+    assert [run.concurrency_key for run in runs] == ["a", None, "b"]
+    assert list(JobRun.objects.order_by("id").values_list("concurrency_key", flat=True)) == [
+        "a",
+        None,
+        "b",
+    ]
+    given = start_many("tests.keyed", [{"key": "a"}, {"key": "b"}], concurrency_key="all")
+    assert {run.concurrency_key for run in given} == {"all"}
+
+
+def test_start_many_refuses_a_bad_key_or_option_before_writing() -> None:
+    with pytest.raises(InvalidJobInput, match="concurrency_key"):
+        start_many("tests.keyed", [{"key": "a"}, {"key": 5}])
+    with pytest.raises(InvalidJobInput, match="priority"):
+        start_many("tests.noop", [{}], priority=10**6)
+    with pytest.raises(InvalidJobInput, match="naive"):
+        start_many("tests.noop", [{}], run_at=datetime.datetime(2026, 1, 1))
+    assert not JobRun.objects.exists()
+
+
+def test_start_many_builds_runs_through_init_when_init_signals_listen() -> None:
+    from django.db.models.signals import post_init
+
+    seen: list[int | None] = []
+
+    def listen(sender: type, instance: JobRun, **kwargs: Any) -> None:
+        seen.append(instance.pk)
+
+    post_init.connect(listen, sender=JobRun)
+    try:
+        runs = start_many("tests.noop", [{}, {}])
+    finally:
+        post_init.disconnect(listen, sender=JobRun)
+    assert seen[-2:] == [run.pk for run in runs]
