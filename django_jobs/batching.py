@@ -233,13 +233,13 @@ def complete_many(items: list[tuple[Claim, Any]]) -> set[tuple[int, uuid.UUID]]:
     items = sorted(items, key=lambda item: item[0].run_id)
     table = connection.ops.quote_name(JobRun._meta.db_table)
     # Arrays rather than a VALUES list: one statement text for every batch
-    # size, so it is prepared once.
+    # size, so it is prepared once. Fenced on the token alone, as claims.fenced().
     statement = f"""
         UPDATE {table} AS run
         SET status = %s, output = v.output, finished_at = STATEMENT_TIMESTAMP(),
             lease_token = NULL
         FROM unnest(%s::bigint[], %s::uuid[], %s::jsonb[]) AS v(id, token, output)
-        WHERE run.id = v.id AND run.status = %s AND run.lease_token = v.token
+        WHERE run.id = v.id AND run.lease_token = v.token
         RETURNING run.id, v.token
     """
     params = [
@@ -247,7 +247,6 @@ def complete_many(items: list[tuple[Claim, Any]]) -> set[tuple[int, uuid.UUID]]:
         [claim.run_id for claim, _ in items],
         [claim.lease_token for claim, _ in items],
         [_json(output) for _, output in items],
-        Status.RUNNING,
     ]
     return {(run_id, token) for run_id, token in fetch(using, statement, params)}
 

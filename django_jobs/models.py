@@ -100,11 +100,22 @@ class JobRun(models.Model):
     trigger_source = models.CharField(max_length=32, default="api")
     trigger_ref = models.CharField(max_length=255, blank=True, default="")
 
+    # Indexed by the partial indexes in Meta: most runs have no parent.
     parent = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="children"
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="children",
+        db_index=False,
     )
     root = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="descendants"
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="descendants",
+        db_index=False,
     )
     close_policy = models.CharField(
         max_length=16, choices=ClosePolicy.choices, default=ClosePolicy.TERMINATE
@@ -113,8 +124,16 @@ class JobRun(models.Model):
     # The child runs a waiting run waits for (ctx.wait_for); NULL while it sleeps.
     awaiting = models.JSONField(null=True, blank=True)
 
+    # Running runs are found by worker through django_jobs_run_running; a full
+    # index would be written at every claim and completion for the rare
+    # deletion of a Worker row.
     claimed_by = models.ForeignKey(
-        Worker, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs"
+        Worker,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="runs",
+        db_index=False,
     )
     lease_token = models.UUIDField(null=True, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
@@ -158,8 +177,28 @@ class JobRun(models.Model):
                 name="django_jobs_run_waiting",
                 condition=models.Q(status="waiting"),
             ),
-            models.Index(fields=["status", "job_type"], name="django_jobs_run_status"),
-            models.Index(fields=["created_at"], name="django_jobs_run_created"),
+            # Every claim and completion writes a new version of the row into
+            # every index whose condition it meets, so the other indexes are
+            # partial: over runs that need attention (the admin's filters), over
+            # children, over tenants. Completed runs, the bulk of the history,
+            # are in none of them.
+            models.Index(
+                fields=["status", "job_type"],
+                name="django_jobs_run_attention",
+                condition=models.Q(
+                    status__in=[Status.FAILED, Status.TIMED_OUT, Status.CANCELED, Status.WAITING]
+                ),
+            ),
+            models.Index(
+                fields=["parent"],
+                name="django_jobs_run_parent",
+                condition=models.Q(parent__isnull=False),
+            ),
+            models.Index(
+                fields=["root"],
+                name="django_jobs_run_root",
+                condition=models.Q(root__isnull=False),
+            ),
             models.Index(
                 fields=["tenant_id"],
                 name="django_jobs_run_tenant",
@@ -182,6 +221,12 @@ class JobRun(models.Model):
             models.CheckConstraint(
                 condition=models.Q(status__in=Status.values),
                 name="django_jobs_run_status_valid",
+            ),
+            # A lease token exists only while the run is running, so a write
+            # fenced on the token alone is fenced on the status too.
+            models.CheckConstraint(
+                condition=models.Q(lease_token__isnull=True) | models.Q(status=Status.RUNNING),
+                name="django_jobs_run_lease_running",
             ),
         ]
 

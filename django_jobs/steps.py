@@ -9,7 +9,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 
 from . import conf
 from .claims import Claim
-from .models import JobRun, JobStep, Status
+from .models import JobRun, JobStep
 from .sql import fetch
 
 
@@ -48,7 +48,7 @@ def record(
         SELECT %s, %s, %s, %s, 1, %s::jsonb, %s::jsonb, COALESCE(%s, now()), now()
         WHERE EXISTS (
             SELECT 1 FROM {run_table}
-            WHERE id = %s AND status = %s AND lease_token = %s
+            WHERE id = %s AND lease_token = %s
             FOR SHARE
         )
         ON CONFLICT (run_id, step_id) DO UPDATE SET
@@ -71,7 +71,6 @@ def record(
         None if error is None else json.dumps(error, cls=DjangoJSONEncoder),
         started_at,
         claim.run_id,
-        Status.RUNNING,
         claim.lease_token,
     ]
     return bool(fetch(conf.get().DATABASE, statement, params))

@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connections, transaction
+from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
 
 from django_jobs import claims, start_many
@@ -157,10 +157,20 @@ def test_writes_after_the_lease_changed_write_nothing(write: Any) -> None:
 
 def test_writes_after_the_run_left_running_write_nothing() -> None:
     claim, run = fenced_claim()
-    JobRun.objects.filter(pk=run.pk).update(status=Status.CANCELED)
+    JobRun.objects.filter(pk=run.pk).update(status=Status.CANCELED, lease_token=None)
     assert claims.complete(claim, {"late": True}) is False
     run.refresh_from_db()
     assert (run.status, run.output) == (Status.CANCELED, None)
+
+
+def test_a_lease_token_exists_only_on_a_running_run() -> None:
+    # Fencing on the token alone (claims.fenced, batched completion, steps)
+    # relies on this constraint: a token always means running.
+    claim, run = fenced_claim()
+    with pytest.raises(IntegrityError), transaction.atomic():
+        JobRun.objects.filter(pk=run.pk).update(status=Status.CANCELED)
+    JobRun.objects.filter(pk=run.pk).update(status=Status.CANCELED, lease_token=None)
+    assert claims.complete(claim, {"late": True}) is False
 
 
 def test_fenced_writes_land_while_the_lease_holds() -> None:

@@ -92,7 +92,7 @@ def test_unknown_job_type_at_the_worker_fails_clearly() -> None:
 def test_lost_lease_is_reported_and_nothing_written() -> None:
     start("tests.echo", {"a": 1})
     (claim,) = claims.claim_batch(WorkerFactory().pk, None, 1)
-    JobRun.objects.filter(pk=claim.run_id).update(status=Status.CANCELED)
+    JobRun.objects.filter(pk=claim.run_id).update(status=Status.CANCELED, lease_token=None)
     assert execute(claim) is Outcome.LOST
     assert JobRun.objects.get(pk=claim.run_id).output is None
 

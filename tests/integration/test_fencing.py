@@ -69,7 +69,7 @@ def test_a_replayed_spawn_returns_the_same_child() -> None:
 def test_a_handler_whose_lease_is_lost_mid_run_ends_lost() -> None:
     start("tests.three_steps")
     (claim,) = claims.claim_batch(WorkerFactory().pk, None, 1)
-    JobRun.objects.filter(pk=claim.run_id).update(status=Status.CANCELED)
+    JobRun.objects.filter(pk=claim.run_id).update(status=Status.CANCELED, lease_token=None)
     assert execute(claim) is Outcome.LOST
     assert not JobStep.objects.exists()
 

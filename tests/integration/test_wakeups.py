@@ -149,7 +149,7 @@ def test_batched_completion_is_fenced_per_run() -> None:
 def test_the_completer_answers_each_caller_for_its_own_run() -> None:
     start_many("tests.noop", [{} for _ in range(20)])
     batch = claims.claim_batch(WorkerFactory().pk, None, 20)
-    JobRun.objects.filter(pk=batch[0].run_id).update(status=Status.CANCELED)
+    JobRun.objects.filter(pk=batch[0].run_id).update(status=Status.CANCELED, lease_token=None)
     completer = Completer()
     results: dict[int, bool] = {}
 
