@@ -232,24 +232,24 @@ def complete_many(items: list[tuple[Claim, Any]]) -> set[tuple[int, uuid.UUID]]:
     # In id order, so that two writers never lock the same rows in opposite orders.
     items = sorted(items, key=lambda item: item[0].run_id)
     table = connection.ops.quote_name(JobRun._meta.db_table)
-    # Arrays rather than a VALUES list: one statement text for every batch
-    # size, so it is prepared once. Fenced on the token alone, as claims.fenced().
+    # One JSON document of (id, token, output) rows rather than a VALUES list:
+    # one statement text for every batch size (prepared once), one parameter
+    # to send. Fenced on the token alone, as claims.fenced().
     statement = f"""
         UPDATE {table} AS run
         SET status = %s, output = v.output, finished_at = STATEMENT_TIMESTAMP(),
             lease_token = NULL
-        FROM unnest(%s::bigint[], %s::uuid[], %s::jsonb[]) AS v(id, token, output)
+        FROM jsonb_to_recordset(%s::jsonb) AS v(id bigint, token uuid, output jsonb)
         WHERE run.id = v.id AND run.lease_token = v.token
         RETURNING run.id, v.token
     """
-    params = [
-        Status.COMPLETED,
-        [claim.run_id for claim, _ in items],
-        [claim.lease_token for claim, _ in items],
-        [_json(output) for _, output in items],
-    ]
-    return {(run_id, token) for run_id, token in fetch(using, statement, params)}
-
-
-def _json(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, cls=DjangoJSONEncoder)
+    rows = json.dumps(
+        [
+            {"id": claim.run_id, "token": str(claim.lease_token), "output": output}
+            for claim, output in items
+        ],
+        # ASCII: text jsonb refuses (a lone surrogate) fails as a database
+        # error of this batch, which is then written row by row.
+        cls=DjangoJSONEncoder,
+    )
+    return {(run_id, token) for run_id, token in fetch(using, statement, [Status.COMPLETED, rows])}

@@ -18,7 +18,7 @@ import json
 import logging
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -51,7 +51,7 @@ CLAIM_FIELDS = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Claim:
     """A run this worker holds: the row as claimed, plus the lease that fences it."""
 
@@ -59,10 +59,10 @@ class Claim:
     lease_token: uuid.UUID
     # Whether the run had recorded steps when claimed; None when not known.
     has_steps: bool | None = None
+    run_id: int = field(init=False)
 
-    @property
-    def run_id(self) -> int:
-        return int(self.row["id"])
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "run_id", int(self.row["id"]))
 
     @property
     def attempt(self) -> int:
@@ -194,11 +194,11 @@ def _claim_in_one_statement(
     claims = []
     for values in rows:
         row = dict(zip(CLAIM_FIELDS, values[:-1], strict=True))
-        if isinstance(row["input"], str):
-            row["input"] = json.loads(row["input"])
+        # Django reads jsonb as text, for the model field to decode.
+        row["input"] = {} if row["input"] == "{}" else json.loads(row["input"])
         claims.append(Claim(row=row, lease_token=token, has_steps=values[-1]))
-    # In claim order, as the two-statement claim returns them.
-    claims.sort(key=lambda claim: (-claim.row["priority"], claim.row["run_at"]))
+    # Highest priority first (RETURNING has no order); the whole batch starts at once.
+    claims.sort(key=lambda claim: -claim.row["priority"])
     return claims
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -66,10 +65,9 @@ class JobContext:
         self._claim = claim
         self.input: Any = claim.row["input"]
         self.attempt: int = claim.attempt
-        self.logger = RunLogger(logger, {"run_id": claim.run_id, "job_type": claim.row["job_type"]})
         self.started = time.monotonic()
         self.deadline = None if timeout is None else self.started + timeout
-        self._cancel = threading.Event()
+        self._cancel = False
         self.cancel_noticed_at: float | None = None
         # Set by the worker once it ended the run over the handler's head
         # (timeout, ignored cancel): the handler's own result will be fenced off.
@@ -84,6 +82,11 @@ class JobContext:
     @property
     def claim(self) -> Claim:
         return self._claim
+
+    @cached_property
+    def logger(self) -> logging.LoggerAdapter:  # type: ignore[type-arg]
+        """A logger whose lines name the run and its job type."""
+        return RunLogger(logger, {"run_id": self.run_id, "job_type": self.job_type})
 
     @property
     def run_id(self) -> int:
@@ -106,17 +109,17 @@ class JobContext:
     @property
     def cancel_requested(self) -> bool:
         """True once the run was asked to cancel (or timed out, or was taken away)."""
-        return self._cancel.is_set()
+        return self._cancel
 
     def request_cancel(self) -> None:
         """Called by the worker when it notices a cancel request for this run."""
-        if not self._cancel.is_set():
+        if not self._cancel:
             self.cancel_noticed_at = time.monotonic()
-            self._cancel.set()
+            self._cancel = True
 
     def check_cancel(self) -> None:
         """Raise ``JobCanceled`` if the run was asked to cancel; call it in long loops."""
-        if self._cancel.is_set():
+        if self._cancel:
             raise JobCanceled(f"run {self.run_id} was asked to cancel")
 
     # --- steps --------------------------------------------------------------------

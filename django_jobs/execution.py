@@ -13,6 +13,7 @@ from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 from django.db.models.functions import Now
+from django.dispatch import Signal
 
 from . import claims, conf, lifecycle, signals
 from .claims import Claim
@@ -176,9 +177,14 @@ def _run_handler(
     if claim.row["parent_id"] is not None:
         # Its parent may wait for it: the wake-up needs the single-run path.
         complete = claims.complete
-    elif hand_off is not None and not signals.run_completed.has_listeners(JobRun):
+    elif hand_off is not None and not _listened(signals.run_completed):
         return partial(_hand_off, hand_off, claim, output, time.monotonic() - ctx.started)
     return partial(_write, complete, claim, output, Outcome.COMPLETED)
+
+
+def _listened(signal: Signal) -> bool:
+    """Whether a receiver is connected for runs (the common "none" answered cheaply)."""
+    return bool(signal.receivers) and signal.has_listeners(JobRun)
 
 
 def _hand_off(hand_off: HandOff, claim: Claim, output: Any, duration: float) -> Outcome:

@@ -18,6 +18,8 @@ def normalize(value: Any, *, what: str) -> Any:
     become strings and tuples become lists here, at enqueue, not differently at
     every attempt. ``what`` names the value in the error ("input", "step 'charge'").
     """
+    if value is None:
+        return None  # what most handlers return
     return json.loads(to_json(value, what=what))
 
 

@@ -25,21 +25,19 @@ _ONLY_WHEN_ASKED = 2**62
 
 
 def fetch(using: str, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
-    """Execute ``sql`` (``%s`` placeholders) on ``using`` and return its rows."""
+    """Execute ``sql`` (``%s`` placeholders, returning rows) on ``using``; return the rows."""
     connection = connections[using]
     if _can_prepare(connection):
-        import psycopg
-
         connection.ensure_connection()
-        raw = connection.connection
-        if raw.prepare_threshold is None:
-            raw.prepare_threshold = _ONLY_WHEN_ASKED
-        with connection.wrap_database_errors, psycopg.Cursor(raw) as cursor:
+        with connection.wrap_database_errors:
+            cursor = _cursor(connection)
             cursor.execute(sql, params, prepare=True)
-            return cursor.fetchall() if cursor.description else []
+            rows: list[tuple[Any, ...]] = cursor.fetchall()
+            return rows
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return cursor.fetchall() if cursor.description else []
+        rows = cursor.fetchall()
+        return rows
 
 
 def _can_prepare(connection: BaseDatabaseWrapper) -> bool:
@@ -48,3 +46,21 @@ def _can_prepare(connection: BaseDatabaseWrapper) -> bool:
     from django.db.backends.postgresql.psycopg_any import is_psycopg3
 
     return bool(is_psycopg3)
+
+
+def _cursor(connection: BaseDatabaseWrapper) -> Any:
+    """This connection's server-side-binding cursor, made once per database session."""
+    raw = connection.connection
+    cursor = getattr(connection, "_django_jobs_cursor", None)
+    if cursor is None or cursor.connection is not raw or cursor.closed:
+        import psycopg
+        from psycopg.types.datetime import TimestamptzLoader
+
+        if raw.prepare_threshold is None:
+            raw.prepare_threshold = _ONLY_WHEN_ASKED
+        cursor = psycopg.Cursor(raw)
+        # psycopg's own loader (in C with psycopg-binary) rather than Django's
+        # Python one; both give aware datetimes in the session's time zone (UTC).
+        cursor.adapters.register_loader("timestamptz", TimestamptzLoader)
+        connection._django_jobs_cursor = cursor  # type: ignore[attr-defined]
+    return cursor
