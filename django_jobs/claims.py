@@ -60,13 +60,11 @@ class Claim:
     # Whether the run had recorded steps when claimed; None when not known.
     has_steps: bool | None = None
     run_id: int = field(init=False)
+    attempt: int = field(init=False)  # this attempt's number, counted at claim
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "run_id", int(self.row["id"]))
-
-    @property
-    def attempt(self) -> int:
-        return int(self.row["attempts"])
+        object.__setattr__(self, "attempt", int(self.row["attempts"]))
 
 
 def _using() -> str:

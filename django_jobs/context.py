@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from functools import cached_property
@@ -75,7 +74,7 @@ class JobContext:
         # Transactions already open when the handler was called (a test's, or
         # drain() inside one); set by execution. Deeper ones are the handler's.
         self.atomic_depth = 0
-        self._occurrences: Counter[str] = Counter()
+        self._occurrences: dict[str, int] = {}
         self._seq = 0
         self._steps: dict[str, dict[str, Any]] | None = None
 
@@ -157,8 +156,7 @@ class JobContext:
     def _next(self, step_id: str) -> tuple[str, int]:
         if not isinstance(step_id, str) or not step_id or "#" in step_id:
             raise ValueError(f"step id must be a non-empty string without '#', got {step_id!r}")
-        self._occurrences[step_id] += 1
-        count = self._occurrences[step_id]
+        count = self._occurrences[step_id] = self._occurrences.get(step_id, 0) + 1
         self._seq += 1
         return (step_id if count == 1 else f"{step_id}#{count}"), self._seq
 

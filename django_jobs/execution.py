@@ -12,6 +12,7 @@ from functools import partial
 from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.functions import Now
 from django.dispatch import Signal
 
@@ -105,6 +106,10 @@ def execute(
         outcome = settle(claim, _last_resort(claim, exc), stop)
     if outcome is not Outcome.QUEUED:
         log_outcome(claim, outcome, time.monotonic() - started)
+        if outcome is not Outcome.COMPLETED:
+            # The handler may have failed on a broken connection (to any
+            # database): close it, so the next run on this thread gets a fresh one.
+            discard_broken_connections()
     return outcome
 
 
@@ -154,7 +159,7 @@ def _run_handler(
     signals.run_started.send_robust(
         JobRun, run_id=claim.run_id, job_type=handler.job_type, attempt=claim.attempt
     )
-    ctx.atomic_depth = len(connections[conf.get().DATABASE].atomic_blocks)
+    ctx.atomic_depth = len(jobs_connection().atomic_blocks)
     try:
         result = handler(ctx)
     except Suspended:
@@ -264,8 +269,11 @@ def settle(claim: Claim, write: Write, stop: threading.Event | None) -> Outcome:
     """
     delay = 0.2
     rejected = 0
+    retrying = False
     while True:
-        discard_broken_connections()
+        if retrying or jobs_connection().errors_occurred:
+            discard_broken_connections()
+        retrying = True
         try:
             outcome = write()
         except (OperationalError, InterfaceError) as exc:
@@ -316,6 +324,22 @@ def _signal(claim: Claim, outcome: Outcome) -> None:
     ):
         if isinstance(result, Exception):
             logger.error("run=%s signal receiver %r raised %r", claim.run_id, receiver, result)
+
+
+_thread = threading.local()
+
+
+def jobs_connection() -> BaseDatabaseWrapper:
+    """This thread's connection to the jobs database.
+
+    Looked up once per thread (Django keeps one connection object per thread
+    and alias; ``connections[alias]`` costs several microseconds a run).
+    """
+    alias = conf.get().DATABASE
+    if getattr(_thread, "alias", None) != alias:
+        _thread.connection, _thread.alias = connections[alias], alias
+    connection: BaseDatabaseWrapper = _thread.connection
+    return connection
 
 
 def discard_broken_connections() -> None:
