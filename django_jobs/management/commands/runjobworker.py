@@ -11,6 +11,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_jobs import conf
 from django_jobs.checks import check_database
+from django_jobs.logstream import BurstHandler
 from django_jobs.worker import Worker
 
 VERBOSITY_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
@@ -108,8 +109,4 @@ class Command(BaseCommand):
         root = logging.getLogger("django_jobs")
         root.setLevel(VERBOSITY_LEVELS.get(verbosity, logging.DEBUG))
         if not root.handlers and not logging.getLogger().handlers:
-            handler = logging.StreamHandler(sys.stderr)
-            handler.setFormatter(
-                logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s")
-            )
-            root.addHandler(handler)
+            root.addHandler(BurstHandler(sys.stderr))
