@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import DatabaseError, InterfaceError, OperationalError, connections
+from django.db import InterfaceError, OperationalError, connections
 
 from . import conf
 from .claims import Claim
@@ -155,7 +155,7 @@ class Completer:
                     item.done.set()
             self._retry_later(retry, exc)
             return
-        except DatabaseError:
+        except Exception:
             # One row the database refused must not fail its neighbours: write
             # them one by one, so only the bad one gets the error.
             discard_broken_connections()
@@ -190,9 +190,18 @@ class Completer:
             self._items[:0] = items
 
     def _flush_one(self, item: _Pending) -> None:
+        from .execution import discard_broken_connections
+
         try:
             item.written = bool(complete_many([(item.claim, item.output)]))
-        except DatabaseError as exc:
+        except (OperationalError, InterfaceError) as exc:
+            discard_broken_connections()
+            if item.done is None:
+                self._retry_later([item], exc)
+                return
+            item.error = exc
+        except Exception as exc:
+            # Anything else, the database's refusal included, is this run's failure.
             if item.done is None:
                 # Nobody waits to turn the error into the run's failure: do it here.
                 from .execution import error_record, fail_write, log_outcome, settle
