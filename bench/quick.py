@@ -40,7 +40,7 @@ def main() -> None:
         [*manage, "shell", "-c", enqueue], env=env, check=True, capture_output=True, text=True
     )
     print(f"enqueue jobs/s: {out.stdout.strip().splitlines()[-1]}")
-    cmd = [*manage, "runjobworker", "--burst", "--concurrency", str(args.concurrency), "-v", "0"]
+    cmd = [*manage, "runjobworker", "--burst", "--concurrency", str(args.concurrency), "-v", os.environ.get("BENCH_VERBOSITY", "0")]
     started = time.perf_counter()
     procs = [subprocess.Popen(cmd, env=env) for _ in range(args.workers)]
     for proc in procs:

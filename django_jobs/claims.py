@@ -188,7 +188,14 @@ def _claim_in_one_statement(
     worker_id: uuid.UUID, pools: Sequence[str] | None, limit: int
 ) -> list[Claim]:
     token = uuid.uuid4()
-    rows = sql.fetch(_using(), _claim_statement(pools, limit), [worker_id, token])
+    statement = _claim_statement(pools, limit)
+    if connections[_using()].in_atomic_block:
+        # Inside a caller's transaction (drain() in a test): a refused claim
+        # must not abort it, so that the two-statement claim can follow.
+        with transaction.atomic(using=_using()):
+            rows = sql.fetch(_using(), statement, [worker_id, token])
+    else:
+        rows = sql.fetch(_using(), statement, [worker_id, token])
     claims = []
     for values in rows:
         row = dict(zip(CLAIM_FIELDS, values[:-1], strict=True))
