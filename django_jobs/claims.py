@@ -85,17 +85,21 @@ def _after(seconds: float) -> ExpressionWrapper[Any]:
 # --- claiming -------------------------------------------------------------------------
 
 
-def claim_batch(worker_id: uuid.UUID, pools: Sequence[str] | None, limit: int) -> list[Claim]:
+def claim_batch(
+    worker_id: uuid.UUID, pools: Sequence[str] | None, limit: int, *, plan: int = 0
+) -> list[Claim]:
     """Claim up to ``limit`` due runs of ``pools`` (all pools when None) for this worker.
 
     Highest priority first, then the oldest ``run_at``. The attempt is counted
     here, at claim, so a run that kills its worker still spends its attempts.
+    A new ``plan`` number makes the server plan the claim afresh (see
+    ``_claim_statement``).
     """
     if limit <= 0:
         return []
     try:
         if connections[_using()].vendor == "postgresql":
-            return _claim_in_one_statement(worker_id, pools, limit)
+            return _claim_in_one_statement(worker_id, pools, limit, plan)
         return _claim(worker_id, _candidates(pools), limit)
     except IntegrityError:
         # The unique index refused a second running run of one key: a claim that
@@ -126,11 +130,11 @@ def _candidates(pools: Sequence[str] | None) -> Any:
     return runs.order_by("-priority", "run_at").select_for_update(skip_locked=True)
 
 
-# (database alias, pools, limit) -> the claim statement and its fixed parameters
-_claim_statements: dict[tuple[str, tuple[str, ...] | None, int], str] = {}
+# (database alias, pools, limit, plan) -> the claim statement
+_claim_statements: dict[tuple[str, tuple[str, ...] | None, int, int], str] = {}
 
 
-def _claim_statement(pools: Sequence[str] | None, limit: int) -> str:
+def _claim_statement(pools: Sequence[str] | None, limit: int, plan: int = 0) -> str:
     """The one-statement claim: the ORM's locking SELECT inside an UPDATE ... RETURNING.
 
     Built once per pools and batch size, then sent as a prepared statement
@@ -138,11 +142,21 @@ def _claim_statement(pools: Sequence[str] | None, limit: int) -> str:
     not bound: a parameter in ``status = $1`` would keep the server from using
     the partial index on pending runs in a generic plan, so it would plan the
     claim again at every execution (a custom plan costs more than the claim).
+
+    The server keeps a prepared statement's generic plan until the table's
+    statistics change. A plan made while the table was nearly empty (a seq
+    scan) stays cheap only while it is: a burst of runs before the next
+    ANALYZE made claims 40 times slower. So ``plan`` is written into the text
+    as a comment, and the worker passes a new number when work starts after
+    an idle spell (and every minute): a new text is a new statement, planned
+    for the table as it is now.
     """
     using = _using()
-    cache_key = (using, None if pools is None else tuple(pools), limit)
+    cache_key = (using, None if pools is None else tuple(pools), limit, plan)
     if cache_key in _claim_statements:
         return _claim_statements[cache_key]
+    for stale in [key for key in _claim_statements if key[3] < plan - 1]:
+        del _claim_statements[stale]
     picked = _candidates(pools).values("id", "concurrency_key", "priority", "run_at")[:limit]
     connection = connections[using]
     # The ORM refuses to compile FOR UPDATE outside a transaction; nothing runs here.
@@ -157,6 +171,7 @@ def _claim_statement(pools: Sequence[str] | None, limit: int) -> str:
     # putting several keys into the unique index at once could otherwise wait
     # on each other in a cycle (see _one_per_key for the two-statement form).
     statement = f"""
+        /* django_jobs claim, plan {plan} */
         WITH picked AS MATERIALIZED ({picked_sql}),
         ranked AS (
             SELECT id, concurrency_key, row_number() OVER (
@@ -185,10 +200,10 @@ def _claim_statement(pools: Sequence[str] | None, limit: int) -> str:
 
 
 def _claim_in_one_statement(
-    worker_id: uuid.UUID, pools: Sequence[str] | None, limit: int
+    worker_id: uuid.UUID, pools: Sequence[str] | None, limit: int, plan: int
 ) -> list[Claim]:
     token = uuid.uuid4()
-    statement = _claim_statement(pools, limit)
+    statement = _claim_statement(pools, limit, plan)
     if connections[_using()].in_atomic_block:
         # Inside a caller's transaction (drain() in a test): a refused claim
         # must not abort it, so that the two-statement claim can follow.

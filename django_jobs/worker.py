@@ -41,6 +41,7 @@ T = TypeVar("T")
 
 EXIT_OK = 0
 EXIT_RELEASED = 1  # the drain ran out of time (or a second signal came): runs were released
+REPLAN = 60.0  # seconds a claim's server-side plan is kept at most
 
 
 class Worker:
@@ -156,6 +157,9 @@ class Worker:
 
     def _claim_loop(self) -> None:
         failures = 0
+        # The claim's plan number (claims._claim_statement): a new one when runs
+        # come after an empty claim, and at least every REPLAN seconds.
+        plan, planned_at, idle = 0, time.monotonic(), True
         while not self.stopping.is_set():
             if self.max_runs is not None and self.claimed >= self.max_runs:
                 return
@@ -165,7 +169,12 @@ class Worker:
             # Completions written after this point may free keys this claim missed.
             writes = self._completer.writes
             try:
-                batch = claims.claim_batch(self.worker_id, self.pools, free)  # type: ignore[arg-type]
+                batch = claims.claim_batch(
+                    self.worker_id,  # type: ignore[arg-type]
+                    self.pools,
+                    free,
+                    plan=plan,
+                )
                 failures = 0
             except DatabaseError as exc:
                 failures += 1
@@ -179,6 +188,9 @@ class Worker:
             self._dispatch(batch)
             if batch:
                 logger.debug("worker=%s claimed=%d", self.worker_id, len(batch))
+            if (batch and idle) or time.monotonic() - planned_at > REPLAN:
+                plan, planned_at = plan + 1, time.monotonic()
+            idle = not batch
             if len(batch) < free and self._idle_done(writes):
                 return
 

@@ -173,3 +173,34 @@ def listeners() -> int:
             "WHERE query LIKE 'LISTEN %%' AND pid <> pg_backend_pid()"
         )
         return int(cursor.fetchone()[0])
+
+
+def test_the_worker_plans_its_claim_afresh_when_runs_come_after_an_idle_spell(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A generic plan made while the table was empty stays in use until the next
+    # ANALYZE; a burst of runs must be claimed with a plan made for it.
+    seen: list[tuple[int, int]] = []
+    real = claims.claim_batch
+
+    def recording(*args: Any, plan: int = 0) -> list[claims.Claim]:
+        batch = real(*args, plan=plan)
+        seen.append((plan, len(batch)))
+        return batch
+
+    monkeypatch.setattr(claims, "claim_batch", recording)
+    worker = Worker(["default"], concurrency=4, poll_interval=0.05)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_until(lambda: len(seen) >= 3, timeout=10)  # idle claims
+        start_many("tests.noop", [{} for _ in range(20)])
+        wait_until(lambda: JobRun.objects.filter(status=Status.COMPLETED).count() == 20)
+    finally:
+        worker.request_stop()
+        thread.join(30)
+        connections.close_all()
+    first_busy = next(i for i, (_, size) in enumerate(seen) if size)
+    idle_plan = seen[first_busy][0]
+    assert all(plan == idle_plan for plan, _ in seen[:first_busy])
+    assert seen[first_busy + 1][0] == idle_plan + 1
