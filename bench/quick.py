@@ -40,6 +40,8 @@ def main() -> None:
         [*manage, "shell", "-c", enqueue], env=env, check=True, capture_output=True, text=True
     )
     print(f"enqueue jobs/s: {out.stdout.strip().splitlines()[-1]}")
+    with psycopg.connect(ADMIN_DSN.replace("dbname=postgres", f"dbname={DB}")) as c:
+        c.execute("ANALYZE")
     cmd = [*manage, "runjobworker", "--burst", "--concurrency", str(args.concurrency), "-v", os.environ.get("BENCH_VERBOSITY", "0")]
     started = time.perf_counter()
     procs = [subprocess.Popen(cmd, env=env) for _ in range(args.workers)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -25,7 +26,7 @@ from .exceptions import (
     JobCanceled,
 )
 from .models import TERMINAL_STATUSES, ClosePolicy, JobRun, Status
-from .payloads import normalize
+from .payloads import to_json
 from .signals import step_completed
 
 logger = logging.getLogger("django_jobs.job")
@@ -174,10 +175,10 @@ class JobContext:
         try:
             if atomic:
                 with transaction.atomic(using=conf.get().DATABASE):
-                    output = self._validated(key, fn())
-                    self._record(key, seq, output=output, started_at=started)
+                    output, text = self._validated(key, fn())
+                    self._record(key, seq, output_json=text, started_at=started)
             else:
-                output = self._validated(key, fn())
+                output, text = self._validated(key, fn())
         except (Suspended, LeaseLost):
             raise
         except BaseException as exc:
@@ -194,16 +195,18 @@ class JobContext:
                 self.logger.warning("step=%s failure not recorded: %s", key, db_error)
             raise
         if not atomic:
-            self._record(key, seq, output=output, started_at=started)
+            self._record(key, seq, output_json=text, started_at=started)
         assert self._steps is not None
         self._steps[key] = {"step_id": key, "status": "completed", "output": output}
         return output
 
-    def _validated(self, key: str, value: Any) -> Any:
+    def _validated(self, key: str, value: Any) -> tuple[Any, str]:
+        """The step's output as it will be stored, and its JSON text."""
         try:
-            return normalize(value, what=f"the output of step {key!r}")
+            text = to_json(value, what=f"the output of step {key!r}")
         except InvalidJobInput as exc:
             raise InvalidStepOutput(str(exc)) from None
+        return json.loads(text), text
 
     def _record(self, key: str, seq: int, **fields: Any) -> None:
         if not steps.record(self._claim, key, seq, **fields):

@@ -242,7 +242,8 @@ class JobStep(models.Model):
         FAILED = "failed", _("Failed")
 
     id = models.BigAutoField(primary_key=True)
-    run = models.ForeignKey(JobRun, on_delete=models.CASCADE, related_name="steps")
+    # Indexed by django_jobs_step_unique (run first): no index of its own.
+    run = models.ForeignKey(JobRun, on_delete=models.CASCADE, related_name="steps", db_index=False)
     step_id = models.CharField(max_length=255)
     seq = models.PositiveIntegerField()
     status = models.CharField(max_length=16, choices=StepStatus.choices)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -29,6 +30,7 @@ def record(
     seq: int,
     *,
     output: Any = None,
+    output_json: str | None = None,
     error: dict[str, Any] | None = None,
     started_at: Any = None,
 ) -> bool:
@@ -38,11 +40,30 @@ def record(
     this lease, and ``FOR SHARE`` keeps it so until this transaction ends, so
     a rescue cannot slip between the check and an atomic step's commit. A
     failed step recorded earlier is overwritten (its attempts counted up).
+    ``output_json`` is the output already serialized (it wins over ``output``).
     """
+    if output_json is None and error is None:
+        output_json = json.dumps(output, cls=DjangoJSONEncoder)
+    status = JobStep.StepStatus.FAILED if error is not None else JobStep.StepStatus.COMPLETED
+    params = [
+        claim.run_id,
+        step_id,
+        seq,
+        status,
+        None if error is not None else output_json,
+        None if error is None else json.dumps(error, cls=DjangoJSONEncoder),
+        started_at,
+        claim.run_id,
+        claim.lease_token,
+    ]
+    return bool(fetch(conf.get().DATABASE, _statement(), params))
+
+
+@functools.cache
+def _statement() -> str:
     run_table = JobRun._meta.db_table
     step_table = JobStep._meta.db_table
-    status = JobStep.StepStatus.FAILED if error is not None else JobStep.StepStatus.COMPLETED
-    statement = f"""
+    return f"""
         INSERT INTO {step_table}
             (run_id, step_id, seq, status, attempts, output, error, started_at, finished_at)
         SELECT %s, %s, %s, %s, 1, %s::jsonb, %s::jsonb, COALESCE(%s, now()), now()
@@ -62,15 +83,3 @@ def record(
         WHERE {step_table}.status <> 'completed'
         RETURNING 1
     """
-    params = [
-        claim.run_id,
-        step_id,
-        seq,
-        status,
-        None if error is not None else json.dumps(output, cls=DjangoJSONEncoder),
-        None if error is None else json.dumps(error, cls=DjangoJSONEncoder),
-        started_at,
-        claim.run_id,
-        claim.lease_token,
-    ]
-    return bool(fetch(conf.get().DATABASE, statement, params))
