@@ -11,6 +11,7 @@ transaction mode before 1.21 cannot route prepared statements).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from django.db import connections
@@ -28,7 +29,8 @@ def fetch(using: str, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
     """Execute ``sql`` (``%s`` placeholders, returning rows) on ``using``; return the rows."""
     connection = connections[using]
     if _can_prepare(connection):
-        connection.ensure_connection()
+        if connection.connection is None:
+            connection.ensure_connection()
         with connection.wrap_database_errors:
             cursor = _cursor(connection)
             cursor.execute(sql, params, prepare=True)
@@ -43,6 +45,11 @@ def fetch(using: str, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
 def _can_prepare(connection: BaseDatabaseWrapper) -> bool:
     if connection.vendor != "postgresql" or not conf.get().PREPARED_STATEMENTS:
         return False
+    return _psycopg3()
+
+
+@functools.cache
+def _psycopg3() -> bool:
     from django.db.backends.postgresql.psycopg_any import is_psycopg3
 
     return bool(is_psycopg3)
