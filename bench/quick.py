@@ -42,7 +42,9 @@ def main() -> None:
     print(f"enqueue jobs/s: {out.stdout.strip().splitlines()[-1]}")
     with psycopg.connect(ADMIN_DSN.replace("dbname=postgres", f"dbname={DB}")) as c:
         c.execute("ANALYZE")
-    cmd = [*manage, "runjobworker", "--burst", "--concurrency", str(args.concurrency), "-v", os.environ.get("BENCH_VERBOSITY", "0")]
+    verbosity = os.environ.get("BENCH_VERBOSITY", "0")
+    cmd = [*manage, "runjobworker", "--burst", "--concurrency", str(args.concurrency)]
+    cmd += ["-v", verbosity]
     started = time.perf_counter()
     procs = [subprocess.Popen(cmd, env=env) for _ in range(args.workers)]
     for proc in procs:

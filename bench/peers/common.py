@@ -1,0 +1,375 @@
+"""What every system's driver shares: databases, worker processes, the drain poller,
+the latency probe, RSS and the foreign-load monitor.
+
+A driver (``<system>_bench.py``) measures one case of one system in a fresh scratch
+database and writes one JSON record; ``bench/run.py`` runs the drivers round by round.
+This module needs psycopg 3 (installed in every benchmark virtual environment).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import psycopg
+
+PGHOST = os.environ.get("BENCH_PGHOST", "127.0.0.1")
+PGPORT = os.environ.get("BENCH_PGPORT", "5432")
+PGUSER = os.environ.get("BENCH_PGUSER", "postgres")
+DB_PREFIX = "bench_run_"  # every scratch database of this harness, and nothing else
+POLL = 0.1  # seconds between two counts of finished runs
+BENCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def dsn(db: str) -> str:
+    return f"host={PGHOST} port={PGPORT} user={PGUSER} dbname={db}"
+
+
+def url(db: str) -> str:
+    return f"postgres://{PGUSER}@{PGHOST}:{PGPORT}/{db}"
+
+
+def recreate_db(db: str) -> None:
+    assert db.startswith(DB_PREFIX), db
+    with psycopg.connect(dsn("postgres"), autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {db}")
+
+
+def drop_scratch_dbs() -> list[str]:
+    with psycopg.connect(dsn("postgres"), autocommit=True) as conn:
+        names = [
+            row[0]
+            for row in conn.execute(
+                "SELECT datname FROM pg_database WHERE datname LIKE %s", [DB_PREFIX + "%"]
+            )
+        ]
+        for name in names:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    return names
+
+
+def scalar(db: str, sql: str, params: Sequence[Any] | None = None) -> Any:
+    with psycopg.connect(dsn(db), autocommit=True) as conn:
+        cur = conn.execute(sql, params)
+        row = cur.fetchone() if cur.description else None
+        return row[0] if row else None
+
+
+# --- worker processes -------------------------------------------------------------
+
+
+class Workers:
+    """Worker processes, each the leader of its own process group.
+
+    Their pids go to $BENCH_PIDFILE as they start, so that bench/run.py can stop them
+    even if this driver dies; ``with Workers(...)`` stops them on the way out.
+    """
+
+    def __init__(self, name: str, cmds: list[list[str]], cwd: str, env: dict[str, str]):
+        log_dir = os.environ.get("BENCH_LOG_DIR") or os.path.join(BENCH_DIR, "results", "logs")
+        os.makedirs(log_dir, exist_ok=True)
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.logs: list[str] = []
+        full_env = dict(os.environ, PYTHONUNBUFFERED="1", **env)
+        for i, cmd in enumerate(cmds):
+            self.logs.append(os.path.join(log_dir, f"{name}_w{i}.log"))
+            with open(self.logs[-1], "wb") as log:
+                proc = subprocess.Popen(
+                    cmd,
+                    cwd=cwd,
+                    env=full_env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            self.procs.append(proc)
+            pidfile = os.environ.get("BENCH_PIDFILE")
+            if pidfile:
+                with open(pidfile, "a") as f:
+                    f.write(f"{proc.pid}\n")
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def check_alive(self, where: str) -> None:
+        for proc, log in zip(self.procs, self.logs, strict=True):
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"worker {proc.pid} exited with {proc.returncode} ({where}); see {log}"
+                )
+
+    def stop(self, timeout: float = 15.0) -> None:
+        stop_groups([p.pid for p in self.procs], timeout)
+        for proc in self.procs:
+            proc.wait()
+
+
+def stop_groups(pgids: Sequence[int], timeout: float = 15.0) -> list[int]:
+    """SIGTERM each process group that still has a live member, SIGKILL what is left
+    after ``timeout``; returns the groups that had to be killed."""
+    live = [g for g in pgids if _group_has_members(g)]
+    for pgid in live:
+        _signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while live and time.monotonic() < deadline:
+        time.sleep(0.1)
+        live = [g for g in live if _group_has_members(g)]
+    for pgid in live:
+        _signal_group(pgid, signal.SIGKILL)
+    return live
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+def _group_has_members(pgid: int) -> bool:
+    """True while a process of the group is alive (zombies do not count)."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+    return False
+
+
+def rss_of_group(pgid: int) -> dict[str, Any]:
+    """VmRSS / VmHWM (KiB) of the largest process of a worker's process group (the
+    worker itself: ``manage.py`` runs it in-process, but a wrapper may sit above it)."""
+    best: dict[str, Any] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[2]) != pgid:
+                    continue
+            with open(f"/proc/{entry}/status") as f:
+                status = dict(line.split(":", 1) for line in f if ":" in line)
+        except (OSError, ValueError, IndexError):
+            continue
+        rss = int(status.get("VmRSS", "0 kB").split()[0])
+        if rss > best.get("rss_kb", -1):
+            best = {"pid": int(entry), "rss_kb": rss, "hwm_kb": int(status["VmHWM"].split()[0])}
+    if not best:
+        raise RuntimeError(f"no live process in group {pgid}")
+    return best
+
+
+# --- measurements -----------------------------------------------------------------
+
+
+def wait_drained(
+    db: str, done_sql: str, n: int, workers: Workers, timeout: float | None = None
+) -> dict[str, Any]:
+    """Count finished runs every POLL s until ``n`` are. Rate = runs finished after the
+    first observed progress / time from that observation until all are finished."""
+    timeout = timeout or max(300.0, n / 20)
+    started = time.monotonic()
+    first_t: float | None = None
+    first_done = 0
+    with psycopg.connect(dsn(db), autocommit=True) as conn:
+        while True:
+            now = time.monotonic()
+            done = conn.execute(done_sql).fetchone()[0]  # type: ignore[index]
+            if first_t is None and done > 0:
+                first_t, first_done = now, done
+            if done >= n:
+                break
+            if now - started > timeout:
+                raise TimeoutError(f"drain not finished after {timeout:.0f} s: {done}/{n}")
+            workers.check_alive(f"{done}/{n} finished")
+            time.sleep(POLL)
+    assert first_t is not None
+    span = now - first_t
+    return {
+        "drain_per_s": round((n - first_done) / span, 1) if span > 0 else None,
+        "drain_s": round(span, 3),
+        "first_progress_s": round(first_t - started, 3),
+        "done_at_first_progress": first_done,
+    }
+
+
+def wait_started(lat_file: str, enqueue_one: Callable[[str], object], timeout: float = 60) -> float:
+    """Warm-up probe: one latency job, and wait until a worker has run it."""
+    t = time.monotonic()
+    enqueue_one("warmup")
+    while time.monotonic() - t < timeout:
+        if "warmup" in _read_marks(lat_file):
+            return round(time.monotonic() - t, 3)
+        time.sleep(0.01)
+    raise TimeoutError("the workers did not run the warm-up probe")
+
+
+def measure_latency(
+    enqueue_one: Callable[[str], object], lat_file: str, samples: int, timeout: float = 15
+) -> dict[str, Any]:
+    """Idle enqueue-to-start latency: ``enqueue_one(tag)`` enqueues a job whose body
+    appends ``"tag time.time()"`` to ``lat_file``; latency = that time minus
+    time.time() just before the enqueue call. Random 0.2-0.8 s idle gaps."""
+    lat_ms: list[float] = []
+    call_ms: list[float] = []
+    for i in range(samples):
+        time.sleep(random.uniform(0.2, 0.8))
+        tag = f"s{i}-{random.randrange(1 << 30)}"
+        t = time.time()
+        enqueue_one(tag)
+        call_ms.append((time.time() - t) * 1000)
+        while (mark := _read_marks(lat_file).get(tag)) is None:
+            if time.time() - t > timeout:
+                raise TimeoutError(f"latency probe {tag} not started after {timeout} s")
+            time.sleep(0.002)
+        lat_ms.append(round((mark - t) * 1000, 3))
+    return {
+        "lat_ms": lat_ms,
+        "lat_p50_ms": round(statistics.median(lat_ms), 2),
+        "lat_p90_ms": round(percentile(lat_ms, 90), 2),
+        "enqueue_call_ms": round(statistics.median(call_ms), 3),
+    }
+
+
+def percentile(values: Sequence[float], pct: float) -> float:
+    """Nearest-rank percentile."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(pct / 100 * len(ordered)) - 1)]
+
+
+def _read_marks(lat_file: str) -> dict[str, float]:
+    try:
+        with open(lat_file) as f:
+            return {tag: float(ts) for tag, ts in (line.split() for line in f if line.strip())}
+    except FileNotFoundError:
+        return {}
+
+
+def fresh_file(path: str) -> str:
+    if os.path.exists(path):
+        os.remove(path)
+    return path
+
+
+class LoadMonitor:
+    """CPU (in cores) used during a phase by processes that are not this benchmark's:
+    "ours" = descendants of this driver and PostgreSQL backends of bench_run_*
+    databases; "pg_aux" = PostgreSQL's own processes; "foreign" = everything else.
+    Sampled every 0.5 s, so short-lived foreign processes are partly missed."""
+
+    def __init__(self, interval: float = 0.5):
+        self.interval = interval
+        self.root = os.getpid()
+        self.totals = {"ours": 0, "pg_aux": 0, "foreign": 0}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self.result: dict[str, float] = {}
+
+    def __enter__(self) -> LoadMonitor:
+        self._t0 = time.monotonic()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        seconds = max(time.monotonic() - self._t0, 1e-9) * os.sysconf("SC_CLK_TCK")
+        self.result = {f"{k}_cores": round(v / seconds, 2) for k, v in self.totals.items()}
+
+    def _loop(self) -> None:
+        before = _cpu_by_process()
+        while not self._stop.wait(self.interval):
+            now = _cpu_by_process()
+            for pid, (_, cpu, start, _) in now.items():
+                prev = before.get(pid)
+                used = cpu - prev[1] if prev and prev[2] == start else cpu
+                if used > 0:
+                    self.totals[self._classify(pid, now)] += used
+            before = now
+
+    def _classify(self, pid: int, procs: dict[int, tuple[int, int, int, str]]) -> str:
+        cmd = procs[pid][3]
+        if cmd.startswith("postgres:"):
+            if DB_PREFIX in cmd:
+                return "ours"
+            return "foreign" if ("(" in cmd or "[local]" in cmd) else "pg_aux"
+        for _ in range(64):
+            if pid == self.root:
+                return "ours"
+            if pid not in procs:
+                break
+            pid = procs[pid][0]
+        return "foreign"
+
+
+def _cpu_by_process() -> dict[int, tuple[int, int, int, str]]:
+    """pid -> (ppid, utime + stime in ticks, start time, command line)."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError):
+            continue
+        out[int(entry)] = (int(fields[1]), int(fields[11]) + int(fields[12]), int(fields[19]), cmd)
+    return out
+
+
+# --- the driver's command line ----------------------------------------------------
+
+
+def driver_main(measure: Callable[[argparse.Namespace], dict[str, Any]]) -> None:
+    """Parse the options bench/run.py passes, measure one case, write one JSON record."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--case", required=True)
+    parser.add_argument("--n", type=int, default=20000)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--lat-samples", type=int, default=25)
+    parser.add_argument("--history", type=int, default=1_000_000)
+    parser.add_argument("--rss-runs", type=int, default=100_000)
+    parser.add_argument("--worker-verbosity", type=int, default=None)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    record: dict[str, Any] = {"case": args.case, "n": args.n}
+    try:
+        record.update(measure(args))
+    except BaseException as exc:
+        record["error"] = f"{type(exc).__name__}: {exc}"
+        record["traceback"] = traceback.format_exc()[-3000:]
+    with open(args.out, "w") as f:
+        json.dump(record, f)
+    sys.exit(1 if "error" in record else 0)
+
+
+if __name__ == "__main__":
+    # Small helpers for bench/run.py, run with a benchmark venv's Python.
+    if sys.argv[1:] == ["server-version"]:
+        print(scalar("postgres", "SHOW server_version"))
+    elif sys.argv[1:] == ["drop-scratch-dbs"]:
+        print(" ".join(drop_scratch_dbs()))
+    else:
+        sys.exit("usage: common.py server-version | drop-scratch-dbs")

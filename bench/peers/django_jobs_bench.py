@@ -1,0 +1,196 @@
+"""django_jobs driver: one case in a fresh database, with bench/project as the Django project.
+
+Cases: drain1 (bulk enqueue, drain by 1 worker, then idle latency), drain2 (2 workers),
+steps (3-step runs, 1 worker), history (drain1 with completed runs of history in the
+table), rss (worker RSS after warm-up and after --rss-runs runs). Workers are
+``manage.py runjobworker --pool default --concurrency C``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any
+
+import common
+
+DB = "bench_run_djjobs"
+PROJECT = os.path.join(common.BENCH_DIR, "project")
+LAT_FILE = f"/tmp/{DB}_lat.txt"
+TERMINAL = "('completed', 'failed', 'timed_out', 'canceled')"
+
+os.environ["BENCH_DATABASE_URL"] = common.url(DB)
+os.environ["BENCH_LAT_FILE"] = LAT_FILE
+os.environ["DJANGO_SETTINGS_MODULE"] = "project.settings"
+sys.path.insert(0, common.BENCH_DIR)
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    common.recreate_db(DB)
+    common.fresh_file(LAT_FILE)
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    case = args.case
+    record: dict[str, Any] = {"workers": 2 if case == "drain2" else 1}
+    if case == "history":
+        record.update(insert_history(args.history))
+    if case == "rss":
+        record.update(measure_rss(args))
+        return record
+    job = "bench.steps" if case == "steps" else "bench.noop"
+    base = last_id()
+    record.update(enqueue(job, args.n))
+    common.scalar(DB, "VACUUM ANALYZE django_jobs_jobrun")
+    done_sql = f"SELECT count(*) FROM django_jobs_jobrun WHERE id > {base} AND status IN {TERMINAL}"
+    with common.Workers(
+        f"django_jobs_{case}", [worker_cmd(args)] * record["workers"], PROJECT, {}
+    ) as workers:
+        with common.LoadMonitor() as load:
+            record.update(common.wait_drained(DB, done_sql, args.n, workers))
+        record.update(load.result)
+        record.update(db_rate(base, args.n))
+        if case == "drain1":
+            from django_jobs import start
+
+            def probe(tag: str) -> None:
+                start("bench.latency", {"tag": tag})
+
+            record["warmup_probe_s"] = common.wait_started(LAT_FILE, probe)
+            record.update(common.measure_latency(probe, LAT_FILE, args.lat_samples))
+    return record
+
+
+def worker_cmd(args: argparse.Namespace) -> list[str]:
+    cmd = [sys.executable, "manage.py", "runjobworker", "--pool", "default"]
+    cmd += ["--concurrency", str(args.concurrency)]
+    if args.worker_verbosity is not None:
+        cmd += ["-v", str(args.worker_verbosity)]
+    return cmd
+
+
+def enqueue(job: str, n: int) -> dict[str, Any]:
+    from django_jobs import start_many
+
+    t = time.perf_counter()
+    start_many(job, [{}] * n)
+    seconds = time.perf_counter() - t
+    return {"enqueue_s": round(seconds, 3), "enqueue_per_s": round(n / seconds, 1)}
+
+
+def last_id() -> int:
+    return int(common.scalar(DB, "SELECT coalesce(max(id), 0) FROM django_jobs_jobrun"))
+
+
+def db_rate(base: int, n: int) -> dict[str, Any]:
+    """N / (last finish - first start), from the runs' own timestamps."""
+    row = common.scalar(
+        DB,
+        "SELECT json_build_object('span', extract(epoch FROM max(finished_at) - min(started_at)),"
+        " 'completed', count(*) FILTER (WHERE status = 'completed'))"
+        f" FROM django_jobs_jobrun WHERE id > {base}",
+    )
+    span = float(row["span"] or 0)
+    out: dict[str, Any] = {"drain_db_per_s": round(n / span, 1) if span else None}
+    if row["completed"] != n:
+        raise RuntimeError(f"{n - row['completed']} of {n} runs did not complete")
+    return out
+
+
+def insert_history(rows: int) -> dict[str, Any]:
+    """``rows`` completed runs in one INSERT ... SELECT generate_series, copied from a
+    run start_many() wrote (so every column has a valid value whatever the schema)."""
+    from django.db import connection
+
+    from django_jobs import start_many
+
+    template = start_many("bench.noop", [{}])[0].pk
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT column_name FROM information_schema.columns"
+            " WHERE table_name = 'django_jobs_jobrun' AND column_name <> 'id'"
+            " ORDER BY ordinal_position"
+        )
+        columns = [name for (name,) in cursor.fetchall()]
+        # Finished over the last ~14 hours, 50 ms apart, one attempt each.
+        at = "now() - interval '14 hours' + g * interval '50 ms'"
+        override = {
+            "status": "'completed'",
+            "attempts": "1",
+            "created_at": at,
+            "run_at": at,
+            "started_at": f"{at} + interval '1 ms'",
+            "finished_at": f"{at} + interval '3 ms'",
+            "output": "'null'::jsonb",
+        }
+        select = ", ".join(override.get(c, f"t.{c}") for c in columns)
+        t = time.perf_counter()
+        cursor.execute(
+            f"INSERT INTO django_jobs_jobrun ({', '.join(columns)}) SELECT {select}"
+            " FROM django_jobs_jobrun t CROSS JOIN generate_series(1, %s) g WHERE t.id = %s",
+            [rows, template],
+        )
+        cursor.execute("DELETE FROM django_jobs_jobrun WHERE id = %s", [template])
+        inserted = time.perf_counter() - t
+    common.scalar(DB, "VACUUM ANALYZE django_jobs_jobrun")
+    common.scalar(DB, "CHECKPOINT")  # so no checkpoint of the insert lands in the drain
+    return {
+        "history_rows": rows,
+        "history_insert_s": round(inserted, 1),
+        "history_ready_s": round(time.perf_counter() - t, 1),
+    }
+
+
+def measure_rss(args: argparse.Namespace) -> dict[str, Any]:
+    """RSS of one worker after a warm-up drain, then after ``--rss-runs`` more runs."""
+    from django_jobs import start_many
+
+    warmup = 2000
+    batch = 10_000
+    record: dict[str, Any] = {"rss_runs": args.rss_runs, "warmup_runs": warmup}
+    with common.Workers("django_jobs_rss", [worker_cmd(args)], PROJECT, {}) as workers:
+        pgid = workers.procs[0].pid
+        start_many("bench.noop", [{}] * warmup)
+        # As before every drain: fresh statistics (see bench/README.md, "Statistics").
+        common.scalar(DB, "ANALYZE django_jobs_jobrun")
+        wait_all(workers, warmup)
+        time.sleep(1.0)
+        before = common.rss_of_group(pgid)
+        base = last_id()
+        t = time.perf_counter()
+        for offset in range(0, args.rss_runs, batch):
+            start_many("bench.noop", [{}] * min(batch, args.rss_runs - offset))
+        common.scalar(DB, "ANALYZE django_jobs_jobrun")
+        with common.LoadMonitor() as load:
+            wait_all(workers, warmup + args.rss_runs)
+        record["rss_drain_per_s"] = round(args.rss_runs / (time.perf_counter() - t), 1)
+        record.update(load.result)
+        time.sleep(1.0)
+        after = common.rss_of_group(pgid)
+        db_rate(base, args.rss_runs)  # checks that every run completed
+    record.update(
+        worker_pid=after["pid"],
+        rss_before_mb=round(before["rss_kb"] / 1024, 1),
+        rss_after_mb=round(after["rss_kb"] / 1024, 1),
+        hwm_after_mb=round(after["hwm_kb"] / 1024, 1),
+        rss_growth_mb=round((after["rss_kb"] - before["rss_kb"]) / 1024, 1),
+    )
+    return record
+
+
+def wait_all(workers: common.Workers, total: int) -> None:
+    """Wait until all ``total`` runs in the table are finished (counting the unfinished
+    ones goes through the partial indexes, not over every finished run)."""
+    done_sql = (
+        f"SELECT {total} - count(*) FROM django_jobs_jobrun WHERE status IN ('pending', 'running')"
+    )
+    common.wait_drained(DB, done_sql, total, workers)
+
+
+if __name__ == "__main__":
+    common.driver_main(measure)

@@ -1,0 +1,721 @@
+#!/usr/bin/env python3
+"""django_jobs beside its peers, on this machine, in one run, interleaved by round.
+
+    python3 bench/run.py                  # 3 rounds, 20,000 runs per drain (~18 min)
+    python3 bench/run.py --quick          # smoke run: 1 round, small N (~70 s)
+    python3 bench/run.py --rounds 5 --n 20000 --concurrency 16
+
+Each system (django_jobs, PgQueuer, Procrastinate, django-tasks-db) gets its own
+virtual environment under bench/.venvs/ (created on first use; --reinstall rebuilds)
+and its own scratch database, recreated for every measurement. Every round runs every
+case of every system once (bench/peers/<system>_bench.py, one process per case); the
+raw records go to bench/results/<timestamp>.jsonl and the table to
+bench/results/summary.md (summary-quick.md with --quick). This script needs only the
+standard library; see bench/README.md for the method.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import glob
+import hashlib
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(BENCH)
+PEERS = os.path.join(BENCH, "peers")
+VENVS = os.path.join(BENCH, ".venvs")
+RESULTS = os.path.join(BENCH, "results")
+CONSTRAINTS = os.path.join(PEERS, "constraints.txt")
+
+# What each system's venv holds (versions pinned by constraints.txt). psycopg is the
+# harness's own (bench/peers/common.py) where the library does not need it.
+PACKAGES = {
+    "django_jobs": ["-e", f"{REPO}[postgres]", "Django", "django-environ"],
+    "pgqueuer": ["pgqueuer", "asyncpg", "uvloop", "psycopg[binary]"],
+    "procrastinate": ["procrastinate", "psycopg[binary]"],
+    "django_tasks_db": ["django-tasks-db", "Django", "psycopg[binary]"],
+}
+VERSIONS = {
+    "django_jobs": ["Django", "psycopg"],
+    "pgqueuer": ["pgqueuer", "asyncpg", "uvloop"],
+    "procrastinate": ["procrastinate", "psycopg"],
+    "django_tasks_db": ["django-tasks-db", "Django", "psycopg"],
+}
+LABELS = {
+    "django_jobs": "django_jobs",
+    "pgqueuer": "PgQueuer",
+    "procrastinate": "Procrastinate",
+    "django_tasks_db": "django-tasks-db",
+}
+# One round, in this order: the pairs compared by ratio run next to each other.
+PLAN = [
+    ("pgqueuer", "drain1"),
+    ("django_jobs", "drain1"),
+    ("pgqueuer", "drain2"),
+    ("django_jobs", "drain2"),
+    ("django_jobs", "steps"),
+    ("django_jobs", "history"),
+    ("django_jobs", "rss"),
+    ("procrastinate", "drain1"),
+    ("django_tasks_db", "drain1"),
+    ("django_tasks_db", "drain2"),
+]
+TIMES, DASH = "\N{MULTIPLICATION SIGN}", "\N{EN DASH}"
+CASES = {
+    "django_jobs": ["drain1", "drain2", "steps", "history", "rss"],
+    "pgqueuer": ["drain1", "drain2"],
+    "procrastinate": ["drain1", "drain2"],
+    "django_tasks_db": ["drain1", "drain2"],
+}
+CASE_TIMEOUT = 1800  # seconds; a driver still running then is stopped
+
+
+def main() -> None:
+    args = parse_args()
+    # Stop cleanly (workers, scratch databases) on Ctrl-C and on SIGTERM alike.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, interrupted)
+    os.makedirs(RESULTS, exist_ok=True)
+    if args.summarize:
+        records = load_records(args.summarize)
+        print(write_summary(records, args.summarize, quick=args.quick))
+        return
+    plan = build_plan(args.only)
+    systems = list(dict.fromkeys(system for system, _ in plan))
+    for system in systems:
+        ensure_venv(system, args.reinstall)
+    if args.setup_only:
+        return
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    raw_path = os.path.join(RESULTS, f"{stamp}{'-quick' if args.quick else ''}.jsonl")
+    meta = machine_info(systems, args)
+    append(raw_path, meta)
+    print(f"raw records: {os.path.relpath(raw_path, REPO)}", flush=True)
+    started = time.monotonic()
+    try:
+        for rnd in range(1, args.rounds + 1):
+            print(f"=== round {rnd}/{args.rounds} ({elapsed(started)})", flush=True)
+            for system, case in plan:
+                record = run_case(system, case, rnd, args)
+                append(raw_path, record)
+                print(f"  {LABELS[system]:<16} {case:<8} {brief(record)}", flush=True)
+    finally:
+        dropped = drop_scratch_dbs(systems[0])
+        if dropped:
+            print(f"dropped scratch databases: {dropped}")
+    print(f"total {elapsed(started)}")
+    print(write_summary(load_records(raw_path), raw_path, quick=args.quick))
+
+
+def build_plan(only: str | None) -> list[tuple[str, str]]:
+    if not only:
+        return list(PLAN)
+    wanted: list[tuple[str, str]] = []
+    for item in only.split(","):
+        system, _, case = item.strip().partition(":")
+        if system not in CASES or (case and case not in CASES[system]):
+            known = ", ".join(f"{s}:{c}" for s in CASES for c in CASES[s])
+            sys.exit(f"unknown case {item!r}; known: {known}")
+        wanted.append((system, case))
+    plan = [(s, c) for s, c in PLAN if any(s == ws and wc in ("", c) for ws, wc in wanted)]
+    return plan + [(s, c) for s, c in wanted if c and (s, c) not in plan]
+
+
+def interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--rounds", type=int, default=None, help="rounds (default 3; --quick: 1)")
+    p.add_argument("--n", type=int, default=None, help="runs per drain (default 20000; 2000)")
+    p.add_argument("--concurrency", type=int, default=16, help="runjobworker --concurrency")
+    p.add_argument("--lat-samples", type=int, default=None, help="latency samples (25; 10)")
+    p.add_argument("--history", type=int, default=None, help="completed rows (1M; 100k)")
+    p.add_argument("--rss-runs", type=int, default=None, help="runs for the RSS case (100k; 10k)")
+    p.add_argument(
+        "--worker-verbosity",
+        type=int,
+        default=None,
+        help="pass -v N to runjobworker (default: not passed, i.e. verbosity 1)",
+    )
+    p.add_argument("--quick", action="store_true", help="short smoke run (small sizes, 1 round)")
+    p.add_argument(
+        "--only",
+        metavar="SYSTEM[:CASE],...",
+        help="run a subset, e.g. django_jobs,pgqueuer:drain1 (procrastinate:drain2 is extra)",
+    )
+    p.add_argument("--reinstall", action="store_true", help="rebuild the virtual environments")
+    p.add_argument("--setup-only", action="store_true", help="only create the venvs")
+    p.add_argument("--summarize", metavar="JSONL", help="only rebuild the summary of a raw file")
+    args = p.parse_args()
+    quick = args.quick
+    defaults = {
+        "rounds": (3, 1),
+        "n": (20000, 2000),
+        "lat_samples": (25, 10),
+        "history": (1_000_000, 100_000),
+        "rss_runs": (100_000, 10_000),
+    }
+    for name, (full, small) in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, small if quick else full)
+    return args
+
+
+# --- virtual environments ---------------------------------------------------------
+
+
+def python312() -> str:
+    explicit = os.environ.get("BENCH_PYTHON")
+    if explicit:
+        return explicit
+    try:
+        root = subprocess.run(
+            ["pyenv", "root"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        candidate = os.path.join(root, "versions", "3.12.1", "bin", "python")
+        if os.path.exists(candidate):
+            return candidate
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    found = shutil.which("python3.12")
+    if not found:
+        sys.exit("Python 3.12 not found: set BENCH_PYTHON")
+    return found
+
+
+def venv_python(system: str) -> str:
+    return os.path.join(VENVS, system, "bin", "python")
+
+
+def ensure_venv(system: str, reinstall: bool) -> None:
+    """Create bench/.venvs/<system> unless it exists with the same package spec."""
+    root = os.path.join(VENVS, system)
+    with open(CONSTRAINTS, "rb") as f:
+        spec = json.dumps(PACKAGES[system]) + hashlib.sha256(f.read()).hexdigest()
+    marker = os.path.join(root, ".bench-spec")
+    if not reinstall and os.path.exists(marker):
+        with open(marker) as f:
+            if f.read() == spec:
+                return
+    print(f"creating {os.path.relpath(root, REPO)} ...", flush=True)
+    shutil.rmtree(root, ignore_errors=True)
+    subprocess.run([python312(), "-m", "venv", root], check=True)
+    pip = [venv_python(system), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    subprocess.run([*pip, "-c", CONSTRAINTS, *PACKAGES[system]], check=True)
+    with open(marker, "w") as f:
+        f.write(spec)
+
+
+def package_versions(system: str) -> dict[str, str]:
+    code = (
+        "import importlib.metadata as m, json, sys, platform;"
+        "print(json.dumps({'python': platform.python_version(),"
+        " **{p: m.version(p) for p in sys.argv[1:]}}))"
+    )
+    out = subprocess.run(
+        [venv_python(system), "-c", code, *VERSIONS[system]],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout)
+
+
+# --- running one case ---------------------------------------------------------------
+
+
+def run_case(system: str, case: str, rnd: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Run one driver process; whatever happens, stop every worker it started."""
+    fd, out = tempfile.mkstemp(prefix="bench_run_", suffix=".json")
+    os.close(fd)
+    pidfile = out + ".pids"
+    cmd = [
+        venv_python(system),
+        os.path.join(PEERS, f"{system}_bench.py"),
+        "--case",
+        case,
+        "--n",
+        str(args.n),
+        "--concurrency",
+        str(args.concurrency),
+        "--lat-samples",
+        str(args.lat_samples),
+        "--history",
+        str(args.history),
+        "--rss-runs",
+        str(args.rss_runs),
+        "--out",
+        out,
+    ]
+    if args.worker_verbosity is not None:
+        cmd += ["--worker-verbosity", str(args.worker_verbosity)]
+    env = dict(
+        os.environ,
+        BENCH_PIDFILE=pidfile,
+        BENCH_LOG_DIR=os.path.join(RESULTS, "logs"),
+        PYTHONPATH=PEERS,
+    )
+    record: dict[str, Any] = {"system": system, "case": case, "round": rnd, "ts": time.time()}
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=PEERS, env=env, start_new_session=True)
+    try:
+        proc.wait(CASE_TIMEOUT)
+    except BaseException as exc:  # timeout, Ctrl-C: stop the driver first
+        stop_groups([proc.pid])
+        proc.wait()
+        if not isinstance(exc, subprocess.TimeoutExpired):
+            raise
+        record["error"] = f"driver timed out after {CASE_TIMEOUT} s"
+    finally:
+        leftovers = stop_groups(read_pids(pidfile))
+        text = read_and_remove(out)
+        read_and_remove(pidfile)
+    record["case_s"] = round(time.monotonic() - t0, 1)
+    if leftovers:
+        record["stopped_leftover_workers"] = leftovers
+    if text:
+        record.update(json.loads(text))
+    elif "error" not in record:
+        record["error"] = f"driver exited with {proc.returncode} and wrote nothing"
+    return record
+
+
+def read_and_remove(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except FileNotFoundError:
+        return ""
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+
+
+def read_pids(path: str) -> list[int]:
+    try:
+        with open(path) as f:
+            return [int(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def stop_groups(pgids: Iterable[int], timeout: float = 15.0) -> list[int]:
+    """SIGTERM the process groups still alive, SIGKILL them after ``timeout``; returns
+    those that needed the SIGKILL or had not stopped on their own."""
+    live = [g for g in pgids if group_alive(g)]
+    for pgid in live:
+        signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    stopping = list(live)
+    while stopping and time.monotonic() < deadline:
+        time.sleep(0.1)
+        stopping = [g for g in stopping if group_alive(g)]
+    for pgid in stopping:
+        signal_group(pgid, signal.SIGKILL)
+    return live
+
+
+def group_alive(pgid: int) -> bool:
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+    return False
+
+
+def signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+def drop_scratch_dbs(system: str) -> str:
+    """Drop every bench_run_* database, and remove the latency probes' files."""
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), "bench_run_*_lat.txt")):
+        os.remove(path)
+    out = subprocess.run(
+        [venv_python(system), os.path.join(PEERS, "common.py"), "drop-scratch-dbs"],
+        capture_output=True,
+        text=True,
+        cwd=PEERS,
+    )
+    return out.stdout.strip() or out.stderr.strip()
+
+
+# --- records ----------------------------------------------------------------------
+
+
+def machine_info(systems: Sequence[str], args: argparse.Namespace) -> dict[str, Any]:
+    with open("/proc/meminfo") as f:
+        mem_kb = int(f.readline().split()[1])
+    cpu = ""
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    server = subprocess.run(
+        [venv_python(systems[0]), os.path.join(PEERS, "common.py"), "server-version"],
+        capture_output=True,
+        text=True,
+        cwd=PEERS,
+    ).stdout.strip()
+    git = subprocess.run(
+        ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=REPO
+    ).stdout.strip()
+    return {
+        "system": "meta",
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "ram_gib": round(mem_kb / 1024 / 1024, 1),
+        "kernel": platform.release(),
+        "postgresql": server,
+        "django_jobs_commit": git,
+        "versions": {s: package_versions(s) for s in systems},
+        "options": {
+            k: getattr(args, k)
+            for k in ("rounds", "n", "concurrency", "lat_samples", "history", "rss_runs")
+        }
+        | {"worker_verbosity": args.worker_verbosity, "quick": args.quick},
+    }
+
+
+def append(path: str, record: dict[str, Any]) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def load_records(path: str) -> list[dict[str, Any]]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def brief(record: dict[str, Any]) -> str:
+    if "error" in record:
+        return f"ERROR {record['error']} ({record['case_s']} s)"
+    keys = [
+        ("enqueue_per_s", "enqueue/s"),
+        ("drain_per_s", "drain/s"),
+        ("drain_db_per_s", "db/s"),
+        ("lat_p50_ms", "p50 ms"),
+        ("lat_p90_ms", "p90 ms"),
+        ("rss_growth_mb", "RSS +MB"),
+        ("foreign_cores", "foreign cores"),
+    ]
+    parts = [f"{label} {record[k]:,}" for k, label in keys if record.get(k) is not None]
+    return ", ".join(parts) + f" ({record['case_s']} s)"
+
+
+def elapsed(started: float) -> str:
+    s = int(time.monotonic() - started)
+    return f"{s // 60}m{s % 60:02d}s"
+
+
+# --- summary ----------------------------------------------------------------------
+
+
+def write_summary(records: list[dict[str, Any]], raw_path: str, quick: bool) -> str:
+    text = summarize(records, os.path.relpath(raw_path, REPO))
+    name = "summary-quick.md" if quick or "-quick" in raw_path else "summary.md"
+    with open(os.path.join(RESULTS, name), "w") as f:
+        f.write(text)
+    return text
+
+
+def summarize(records: list[dict[str, Any]], raw_name: str) -> str:
+    meta = next((r for r in records if r.get("system") == "meta"), {})
+    runs = [r for r in records if r.get("system") != "meta"]
+    ok = [r for r in runs if "error" not in r]
+
+    def values(system: str, case: str, key: str) -> list[float]:
+        return [
+            r[key]
+            for r in ok
+            if r["system"] == system and r["case"] == case and r.get(key) is not None
+        ]
+
+    def by_round(system: str, case: str, key: str) -> dict[int, float]:
+        return {
+            r["round"]: r[key]
+            for r in ok
+            if r["system"] == system and r["case"] == case and r.get(key) is not None
+        }
+
+    def ratio(a: tuple[str, str, str], b: tuple[str, str, str]) -> list[float]:
+        num, den = by_round(*a), by_round(*b)
+        return [num[k] / den[k] for k in sorted(num) if den.get(k)]
+
+    def pooled(system: str, pct: float) -> float | None:
+        samples = [x for r in ok if r["system"] == system for x in r.get("lat_ms", [])]
+        return percentile(samples, pct) if samples else None
+
+    dj = "django_jobs"
+    drain1 = ratio((dj, "drain1", "drain_per_s"), ("pgqueuer", "drain1", "drain_per_s"))
+    drain2 = ratio((dj, "drain2", "drain_per_s"), ("pgqueuer", "drain2", "drain_per_s"))
+    enqueue = ratio((dj, "drain1", "enqueue_per_s"), ("pgqueuer", "drain1", "enqueue_per_s"))
+    history = ratio((dj, "history", "drain_per_s"), (dj, "drain1", "drain_per_s"))
+    p50, p90 = pooled(dj, 50), pooled(dj, 90)
+    steps = values(dj, "steps", "drain_per_s")
+    rss = values(dj, "rss", "rss_growth_mb")
+
+    def med(vals: list[float]) -> float | None:
+        return statistics.median(vals) if vals else None
+
+    def check(value: float | None, ok_if: bool) -> str:
+        return "n/a" if value is None else ("yes" if ok_if else "**no**")
+
+    r1, r2 = med(drain1), med(drain2)
+    targets = [
+        (
+            "drain, 1 process (runs/s)",
+            mmm(values(dj, "drain1", "drain_per_s")),
+            mmm(values("pgqueuer", "drain1", "drain_per_s")),
+            mmm(drain1, ".2f", TIMES),
+            f"≥ 1.5{TIMES} PgQueuer (floor 1.0{TIMES})",
+            drain_verdict(r1),
+        ),
+        (
+            "drain, 2 processes (runs/s)",
+            mmm(values(dj, "drain2", "drain_per_s")),
+            mmm(values("pgqueuer", "drain2", "drain_per_s")),
+            mmm(drain2, ".2f", TIMES),
+            f"≥ 1.5{TIMES} PgQueuer (floor 1.0{TIMES})",
+            drain_verdict(r2),
+        ),
+        (
+            "bulk enqueue, 20k (runs/s)"
+            if meta.get("options", {}).get("n") == 20000
+            else "bulk enqueue (runs/s)",
+            mmm(values(dj, "drain1", "enqueue_per_s")),
+            mmm(values("pgqueuer", "drain1", "enqueue_per_s")),
+            mmm(enqueue, ".2f", TIMES),
+            f"≥ 1.0{TIMES} PgQueuer",
+            check(med(enqueue), (med(enqueue) or 0) >= 1.0),
+        ),
+        (
+            "idle latency p50 (ms, pooled)",
+            fmt(p50, ".1f"),
+            fmt(pooled("pgqueuer", 50), ".1f"),
+            "",
+            "≤ 5 ms",
+            check(p50, (p50 or 0) <= 5),
+        ),
+        (
+            "idle latency p90 (ms, pooled)",
+            fmt(p90, ".1f"),
+            fmt(pooled("pgqueuer", 90), ".1f"),
+            "",
+            "≤ 10 ms",
+            check(p90, (p90 or 0) <= 10),
+        ),
+        (
+            "3-step run, 1 process (runs/s)",
+            mmm(steps),
+            "",
+            "",
+            "≥ 1,000 runs/s",
+            check(med(steps), (med(steps) or 0) >= 1000),
+        ),
+        (
+            f"drain with {meta.get('options', {}).get('history', 0):,} runs of history / empty",
+            mmm(history, ".2f", TIMES),
+            "",
+            "",
+            "≥ 0.9",
+            check(med(history), (med(history) or 0) >= 0.9),
+        ),
+        (
+            f"worker RSS growth over {meta.get('options', {}).get('rss_runs', 0):,} runs (MB)",
+            mmm(rss, ".1f"),
+            "",
+            "",
+            "< 20 MB",
+            check(med(rss), (med(rss) or 0) < 20),
+        ),
+    ]
+    lines = [
+        "# Benchmark: django_jobs beside its peers",
+        "",
+        *machine_lines(meta, raw_name),
+        "",
+        f"Median (min{DASH}max) over rounds; ratios are taken within each round, then their"
+        " median. Latency percentiles pool every sample of every round.",
+        "",
+        "| metric | django_jobs | PgQueuer | django_jobs / PgQueuer | target | met |",
+        "|---|---|---|---|---|---|",
+        *("| " + " | ".join(row) + " |" for row in targets),
+        "",
+        "## Every system",
+        "",
+        "| system | drain 1 process | drain 2 processes | drain 1p, DB timestamps"
+        " | bulk enqueue | latency p50 / p90 ms | foreign load, cores |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for system in LABELS:
+        if not any(r["system"] == system for r in runs):
+            continue
+        label = LABELS[system] + drain_config(system, meta)
+        lat = (
+            f"{fmt(pooled(system, 50), '.1f')} / {fmt(pooled(system, 90), '.1f')}"
+            if pooled(system, 50) is not None
+            else "n/a"
+        )
+        lines.append(
+            f"| {label} | {mmm(values(system, 'drain1', 'drain_per_s'))}"
+            f" | {mmm(values(system, 'drain2', 'drain_per_s'))}"
+            f" | {mmm(values(system, 'drain1', 'drain_db_per_s'))}"
+            f" | {mmm(values(system, 'drain1', 'enqueue_per_s'))} | {lat}"
+            f" | {mmm(values(system, 'drain1', 'foreign_cores'), '.2f')} |"
+        )
+    lines += [
+        "",
+        "django_jobs, more: "
+        f"drain with history {mmm(values(dj, 'history', 'drain_per_s'))} runs/s; "
+        f"3-step runs by DB timestamps {mmm(values(dj, 'steps', 'drain_db_per_s'))} runs/s; "
+        f"history insert {mmm(values(dj, 'history', 'history_insert_s'), '.1f')} s; "
+        f"worker RSS after warm-up {mmm(values(dj, 'rss', 'rss_before_mb'), '.1f')} MB, "
+        f"after {mmm(values(dj, 'rss', 'rss_after_mb'), '.1f')} MB "
+        f"(peak {mmm(values(dj, 'rss', 'hwm_after_mb'), '.1f')} MB).",
+    ]
+    lines += per_round(ok)
+    errors = [r for r in runs if "error" in r]
+    if errors:
+        lines += ["", "Errors:", ""]
+        lines += [
+            f"- round {r['round']}, {LABELS.get(r['system'], r['system'])} {r['case']}: "
+            f"{r['error']}"
+            for r in errors
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def per_round(ok: list[dict[str, Any]]) -> list[str]:
+    """django_jobs' ratios round by round, with the foreign load during its drains."""
+    rows: dict[int, dict[tuple[str, str], dict[str, Any]]] = {}
+    for r in ok:
+        rows.setdefault(r["round"], {})[(r["system"], r["case"])] = r
+    if not rows:
+        return []
+
+    def get(rnd: int, system: str, case: str, key: str) -> float | None:
+        return rows[rnd].get((system, case), {}).get(key)
+
+    def div(a: float | None, b: float | None) -> str:
+        return f"{a / b:.2f}" if a is not None and b else "n/a"
+
+    dj, pgq = "django_jobs", "pgqueuer"
+    lines = [
+        "",
+        "Round by round (django_jobs / PgQueuer; history / empty; foreign load in cores during"
+        " django_jobs' drain1 / history drain):",
+        "",
+        "| round | drain 1p | drain 2p | bulk enqueue | history / empty | 3-step runs/s"
+        " | foreign load |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    pairs = [
+        ((dj, "drain1", "drain_per_s"), (pgq, "drain1", "drain_per_s")),
+        ((dj, "drain2", "drain_per_s"), (pgq, "drain2", "drain_per_s")),
+        ((dj, "drain1", "enqueue_per_s"), (pgq, "drain1", "enqueue_per_s")),
+        ((dj, "history", "drain_per_s"), (dj, "drain1", "drain_per_s")),
+    ]
+    for rnd in sorted(rows):
+        ratios = [div(get(rnd, *a), get(rnd, *b)) for a, b in pairs]
+        steps = fmt(get(rnd, dj, "steps", "drain_per_s"))
+        loads = " / ".join(
+            fmt(get(rnd, dj, c, "foreign_cores"), ".2f") for c in ("drain1", "history")
+        )
+        lines.append(f"| {rnd} | {' | '.join(ratios)} | {steps} | {loads} |")
+    return lines
+
+
+def machine_lines(meta: dict[str, Any], raw_name: str) -> list[str]:
+    if not meta:
+        return []
+    opts = meta["options"]
+    versions = meta["versions"]
+    pkgs = "; ".join(
+        f"{LABELS[s]}: " + ", ".join(f"{k} {v}" for k, v in vs.items() if k != "python")
+        for s, vs in versions.items()
+    )
+    python = sorted({vs["python"] for vs in versions.values()})
+    verbosity = opts["worker_verbosity"]
+    return [
+        f"- Date: {meta['date']}; django_jobs at `{meta['django_jobs_commit']}`; raw: `{raw_name}`",
+        f"- Machine: {meta['nproc']} CPUs ({meta['cpu']}), {meta['ram_gib']} GiB RAM, "
+        f"Linux {meta['kernel']}; PostgreSQL {meta['postgresql']} (local, shared with "
+        "other work)",
+        f"- Python {', '.join(python)}; {pkgs}",
+        f"- {opts['rounds']} round(s); {opts['n']:,} no-op runs per drain; runjobworker "
+        f"--concurrency {opts['concurrency']}, "
+        + ("default verbosity" if verbosity is None else f"-v {verbosity}")
+        + f"; {opts['lat_samples']} latency samples per system and round"
+        + (" (**quick mode**: smoke test, not for comparisons)" if opts["quick"] else ""),
+    ]
+
+
+def drain_config(system: str, meta: dict[str, Any]) -> str:
+    conc = meta.get("options", {}).get("concurrency", "?")
+    return {
+        "django_jobs": f" (--concurrency {conc})",
+        "pgqueuer": " (defaults, batch 10)",
+        "procrastinate": " (--concurrency 10)",
+        "django_tasks_db": " (db_worker)",
+    }[system]
+
+
+def drain_verdict(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    if value >= 1.5:
+        return "yes"
+    return "floor only" if value >= 1.0 else "**no**"
+
+
+def percentile(values: Sequence[float], pct: float) -> float:
+    """Nearest-rank percentile."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(pct / 100 * len(ordered)) - 1)]
+
+
+def fmt(value: float | None, spec: str = ",.0f", unit: str = "") -> str:
+    return "n/a" if value is None else f"{value:{spec}}{unit}"
+
+
+def mmm(vals: Sequence[float], spec: str = ",.0f", unit: str = "") -> str:
+    """Median (min-max)."""
+    if not vals:
+        return "n/a"
+    med = fmt(statistics.median(vals), spec, unit)
+    if len(vals) == 1:
+        return med
+    return f"{med} ({fmt(min(vals), spec)}{DASH}{fmt(max(vals), spec)})"
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except KeyboardInterrupt as exc:
+        sys.exit(f"interrupted ({exc or 'SIGINT'}); workers stopped, scratch databases dropped")
