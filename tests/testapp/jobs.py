@@ -221,3 +221,18 @@ def keyed(ctx: JobContext) -> None:
     )
     time.sleep(ctx.input.get("seconds", 0.02))
     Execution.objects.filter(pk=row.pk).update(finished_at=timezone.now())
+
+
+@job("tests.chaos", retry=RetryPolicy(attempts=20, base_delay=0))
+def chaos(ctx: JobContext) -> int:
+    """Three steps with a side effect and a pause each: a target for kill storms."""
+    total = 0
+    for name in ("a", "b", "c"):
+
+        def work(name: str = name) -> int:
+            effect(ctx, name)
+            time.sleep(ctx.input.get("pause", 0.05))
+            return 1
+
+        total += ctx.step(name, work)
+    return total

@@ -1,0 +1,77 @@
+"""Kill storms: workers SIGKILLed at random while they run durable steps.
+
+The short form runs in the test command. The long form, by hand:
+
+    CHAOS_SECONDS=300 CHAOS_RUNS=3000 .venv/bin/python -m pytest tests/process/test_chaos.py -s
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from collections.abc import Callable
+
+import pytest
+
+from django_jobs import start_many
+from django_jobs.models import JobRun, JobStep, Status
+from tests.helpers import WorkerProcess
+from tests.testapp.models import Execution
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+StartWorker = Callable[..., WorkerProcess]
+
+SECONDS = float(os.environ.get("CHAOS_SECONDS", "8"))
+RUNS = int(os.environ.get("CHAOS_RUNS", "120"))
+PAUSE = 0.25  # seconds each step takes: runs are in flight all through the storm
+WORKERS = 3
+CONCURRENCY = 4
+
+
+def test_a_kill_storm_loses_nothing_and_repeats_no_recorded_step(
+    start_worker: StartWorker,
+) -> None:
+    start_many("tests.chaos", [{"pause": PAUSE} for _ in range(RUNS)])
+    args = ("--pool", "default", "--concurrency", str(CONCURRENCY))
+    fleet = [start_worker(*args) for _ in range(WORKERS)]
+    rng = random.Random(os.environ.get("CHAOS_SEED"))
+    kills = 0
+    storm_ends = time.monotonic() + SECONDS
+    while time.monotonic() < storm_ends:
+        time.sleep(rng.uniform(1.0, 2.0))
+        victim = fleet.pop(rng.randrange(len(fleet)))
+        victim.signal(signal.SIGKILL)
+        victim.wait(timeout=10)
+        kills += 1
+        fleet.append(start_worker(*args))
+    # Let the fleet drain: the killed workers' runs are rescued once their
+    # heartbeats are stale, and run again.
+    deadline = time.monotonic() + 120 + RUNS / 10
+    while JobRun.objects.filter(status=Status.COMPLETED).count() < RUNS:
+        assert time.monotonic() < deadline, list(
+            JobRun.objects.exclude(status=Status.COMPLETED).values_list("id", "status")
+        )
+        time.sleep(0.5)
+
+    assert JobRun.objects.filter(status=Status.COMPLETED).count() == RUNS
+    assert JobRun.objects.filter(output=3).count() == RUNS
+    recorded = JobStep.objects.filter(status="completed")
+    assert recorded.count() == 3 * RUNS
+    # No step ran again once its completion was recorded.
+    for step in recorded.iterator():
+        again = Execution.objects.filter(
+            run_id=step.run_id,
+            job_type=f"effect:{step.step_id}",
+            started_at__gt=step.finished_at,
+        )
+        assert not again.exists(), f"step {step.step_id} of run {step.run_id} ran again"
+    # A kill interrupts at most the steps in flight on that worker.
+    executions = Execution.objects.filter(job_type__startswith="effect:").count()
+    repeated = executions - 3 * RUNS
+    assert 0 <= repeated <= kills * CONCURRENCY, (repeated, kills)
+    rescued = JobRun.objects.filter(attempts__gt=1).count()
+    assert rescued > 0, "no kill hit a running run: the storm proved nothing"
+    print(f"\nchaos: {RUNS} runs, {kills} kills, {rescued} rescued, {repeated} steps run again")
