@@ -1,0 +1,67 @@
+"""Database connections killed under the workers' feet, again and again.
+
+Every connection of the test database but the test's own is terminated
+(``pg_terminate_backend``) while workers claim, run steps and complete:
+workers must log, reconnect and go on, losing no run and repeating no
+recorded step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+from django.db import connection
+
+from django_jobs import start_many
+from django_jobs.models import JobRun, JobStep, Status
+from tests.helpers import WorkerProcess, wait_until
+from tests.testapp.models import Execution
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+StartWorker = Callable[..., WorkerProcess]
+RUNS = 150
+OUTAGES = 5
+
+
+def terminate_other_connections() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        return int(cursor.fetchone()[0])
+
+
+def test_killed_connections_lose_no_run_and_repeat_no_recorded_step(
+    start_worker: StartWorker,
+) -> None:
+    start_many("tests.chaos", [{"pause": 0.05} for _ in range(RUNS)])
+    workers = [start_worker("--pool", "default", "--concurrency", "4") for _ in range(2)]
+    wait_until(lambda: JobStep.objects.exists(), timeout=30)
+    terminated = 0
+    for _ in range(OUTAGES):
+        terminated += terminate_other_connections()
+        time.sleep(1.0)
+    wait_until(lambda: JobRun.objects.filter(status=Status.COMPLETED).count() == RUNS, timeout=120)
+    assert JobRun.objects.filter(output=3).count() == RUNS
+    for step in JobStep.objects.filter(status="completed").iterator():
+        assert not Execution.objects.filter(
+            run_id=step.run_id,
+            job_type=f"effect:{step.step_id}",
+            started_at__gt=step.finished_at,
+        ).exists(), f"step {step.step_id} of run {step.run_id} ran again"
+    # The workers lived through it: no run is left running, and both still
+    # answer a SIGTERM with a clean exit.
+    assert not JobRun.objects.filter(status=Status.RUNNING).exists()
+    for worker in workers:
+        assert worker.proc.poll() is None, worker.output()[-2000:]
+        worker.signal(15)
+        assert worker.wait(timeout=60) == 0, worker.output()[-2000:]
+    assert terminated > 0
+    # They said so: the claim loop, the background threads and the listener.
+    output = "".join(worker.output() for worker in workers)
+    assert "terminating connection due to administrator command" in output
+    print(f"\noutages: {OUTAGES}, connections terminated: {terminated}, runs: {RUNS}")
