@@ -3,10 +3,11 @@
 A durable commit costs about as much as a short run. So a worker's threads
 hand their successful outcomes to one ``Completer``, which writes whatever
 has gathered while its previous write was in flight (group commit, no fixed
-wait) in one ``UPDATE ... FROM (VALUES ...)``,
-fenced per run exactly like a single write: a row is only changed while it is
-``running`` under the lease token given with it. Each thread waits for its
-own row's result, so a run is only reported completed once that is durable.
+wait) in one ``UPDATE ... FROM jsonb_to_recordset(...)``, fenced per run
+exactly like a single write: a row is only changed while it is running under
+the lease token given with it. A thread either waits for its own row's result
+(``complete``) or hands the completion over and takes its next run
+(``hand_off``); then the completer retries, fails or logs it itself.
 """
 
 from __future__ import annotations
@@ -130,7 +131,13 @@ class Completer:
                         return
                     batch, self._items = self._items[:MAX_BATCH], self._items[MAX_BATCH:]
                     self._writing = len(batch)
-                self._flush(batch)
+                try:
+                    self._flush(batch)
+                except Exception as exc:
+                    # A bug of ours: keep writing (a completer that stopped would
+                    # leave runs running on a live worker for good).
+                    logger.exception("completer failed on a batch of %d", len(batch))
+                    self._give_back(batch, exc)
                 with self._lock:
                     self._writing = 0
                     self.writes += 1
@@ -148,12 +155,7 @@ class Completer:
             # The connection broke: every waiting caller retries on its own
             # (settle); handed-off completions are tried again here.
             discard_broken_connections()
-            retry = [item for item in batch if item.done is None]
-            for item in batch:
-                if item.done is not None:
-                    item.error = exc
-                    item.done.set()
-            self._retry_later(retry, exc)
+            self._give_back(batch, exc)
             return
         except Exception:
             # One row the database refused must not fail its neighbours: write
@@ -166,6 +168,14 @@ class Completer:
         for item in batch:
             item.written = (item.claim.run_id, item.claim.lease_token) in written
             self._finish(item)
+
+    def _give_back(self, batch: list[_Pending], exc: BaseException) -> None:
+        """Answer the waiting callers with ``exc``; try the handed-off ones again later."""
+        for item in batch:
+            if item.done is not None and not item.done.is_set():
+                item.error = exc
+                item.done.set()
+        self._retry_later([item for item in batch if item.done is None], exc)
 
     def _retry_later(self, items: list[_Pending], exc: BaseException) -> None:
         if not items:
