@@ -25,7 +25,7 @@ from . import conf
 _ONLY_WHEN_ASKED = 2**62
 
 
-def fetch(using: str, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
+def fetch(using: str, sql: str, params: list[Any] | dict[str, Any]) -> list[tuple[Any, ...]]:
     """Execute ``sql`` (``%s`` placeholders, returning rows) on ``using``; return the rows."""
     connection = connections[using]
     if _can_prepare(connection):
