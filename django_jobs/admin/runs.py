@@ -111,6 +111,17 @@ class JobRunAdmin(OperationsMixin, admin.ModelAdmin):  # type: ignore[type-arg,m
     ]
     list_display_links = ["id", "job_type"]
     list_filter = ["status", PoolFilter, JobTypeFilter, TenantFilter, "created_at"]
+    # The lookups the list filters make. Django would accept any lookup on the
+    # run's own columns from a query string (a regex over tenants, a probe into
+    # inputs); only these are let through.
+    allowed_lookups = frozenset(
+        {"status", "status__exact", "created_at__gte", "created_at__lt"}
+        | {f.parameter_name for f in (PoolFilter, JobTypeFilter, TenantFilter)}
+    )
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
+        return lookup in self.allowed_lookups
+
     search_help_text = "A run id, a job type, an idempotency key, or tag:NAME (exact matches)."
     search_fields = ["job_type"]  # enables the box; get_search_results does the work
     ordering = ["-id"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -9,6 +10,7 @@ from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 
 from django_jobs.models import JobRun, JobStep, Status
 from tests.factories import JobRunFactory, JobStepFactory, RunningJobRunFactory, WorkerFactory
@@ -289,3 +291,43 @@ def test_unknown_run_ids_in_button_urls() -> None:
     client = user_with("view_jobrun", "retry_jobrun")
     assert client.get(reverse("admin:django_jobs_jobrun_retry", args=[999999])).status_code == 404
     assert client.get("/admin/django_jobs/jobrun/abc/retry/").status_code in (403, 404)
+
+
+# --- filters cannot be turned into arbitrary lookups -------------------------------
+
+
+def test_the_tenant_filter_shows_that_tenant_only(viewer: Client) -> None:
+    acme = JobRunFactory(tenant_id="acme")
+    globex = JobRunFactory(tenant_id="globex")
+    page = viewer.get(CHANGELIST, {"tenant": "acme"}).content.decode()
+    assert change_url(acme) in page
+    assert change_url(globex) not in page
+    # The other list filters still work with the lookups limited to theirs.
+    today = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
+    dates = {
+        "created_at__gte": today.isoformat(),
+        "created_at__lt": (today + timedelta(days=1)).isoformat(),
+    }
+    for params in (dates, {"pool": "default"}, {"job_type": "tests.noop"}):
+        assert viewer.get(CHANGELIST, params).status_code == 200, params
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        {"tenant_id__regex": ".*"},
+        {"tenant_id__startswith": "a"},
+        {"input__secret": "x"},
+        {"lease_token__isnull": "False"},
+        {"claimed_by__hostname__contains": "a"},
+    ],
+)
+def test_a_forged_lookup_in_the_query_string_lists_nothing(
+    viewer: Client, forged: dict[str, str]
+) -> None:
+    run = JobRunFactory(tenant_id="acme", input={"secret": "x"})
+    response = viewer.get(CHANGELIST, forged)
+    # Django's admin refuses lookups that are not its list filters: an error
+    # page or a redirect back to the unfiltered list, never a filtered listing.
+    assert response.status_code in (302, 400)
+    assert change_url(run) not in response.content.decode()
