@@ -11,18 +11,16 @@ import os
 import random
 import signal
 import time
-from collections.abc import Callable
 
 import pytest
 
 from django_jobs import start_many
-from django_jobs.models import JobRun, JobStep, Status
-from tests.helpers import WorkerProcess
+from django_jobs.models import JobRun, Status
+from tests.process.faults import StartWorker, assert_every_run_completed_once
 from tests.testapp.models import Execution
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-StartWorker = Callable[..., WorkerProcess]
 
 SECONDS = float(os.environ.get("CHAOS_SECONDS", "8"))
 RUNS = int(os.environ.get("CHAOS_RUNS", "120"))
@@ -56,18 +54,7 @@ def test_a_kill_storm_loses_nothing_and_repeats_no_recorded_step(
         )
         time.sleep(0.5)
 
-    assert JobRun.objects.filter(status=Status.COMPLETED).count() == RUNS
-    assert JobRun.objects.filter(output=3).count() == RUNS
-    recorded = JobStep.objects.filter(status="completed")
-    assert recorded.count() == 3 * RUNS
-    # No step ran again once its completion was recorded.
-    for step in recorded.iterator():
-        again = Execution.objects.filter(
-            run_id=step.run_id,
-            job_type=f"effect:{step.step_id}",
-            started_at__gt=step.finished_at,
-        )
-        assert not again.exists(), f"step {step.step_id} of run {step.run_id} ran again"
+    assert_every_run_completed_once(RUNS)
     # A kill interrupts at most the steps in flight on that worker.
     executions = Execution.objects.filter(job_type__startswith="effect:").count()
     repeated = executions - 3 * RUNS

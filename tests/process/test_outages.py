@@ -9,19 +9,21 @@ recorded step.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import pytest
 from django.db import connection
 
 from django_jobs import start_many
 from django_jobs.models import JobRun, JobStep, Status
-from tests.helpers import WorkerProcess, wait_until
-from tests.testapp.models import Execution
+from tests.helpers import wait_until
+from tests.process.faults import (
+    StartWorker,
+    assert_alive_and_stop_cleanly,
+    assert_every_run_completed_once,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-StartWorker = Callable[..., WorkerProcess]
 RUNS = 150
 OUTAGES = 5
 
@@ -46,20 +48,8 @@ def test_killed_connections_lose_no_run_and_repeat_no_recorded_step(
         terminated += terminate_other_connections()
         time.sleep(1.0)
     wait_until(lambda: JobRun.objects.filter(status=Status.COMPLETED).count() == RUNS, timeout=120)
-    assert JobRun.objects.filter(output=3).count() == RUNS
-    for step in JobStep.objects.filter(status="completed").iterator():
-        assert not Execution.objects.filter(
-            run_id=step.run_id,
-            job_type=f"effect:{step.step_id}",
-            started_at__gt=step.finished_at,
-        ).exists(), f"step {step.step_id} of run {step.run_id} ran again"
-    # The workers lived through it: no run is left running, and both still
-    # answer a SIGTERM with a clean exit.
-    assert not JobRun.objects.filter(status=Status.RUNNING).exists()
-    for worker in workers:
-        assert worker.proc.poll() is None, worker.output()[-2000:]
-        worker.signal(15)
-        assert worker.wait(timeout=60) == 0, worker.output()[-2000:]
+    assert_every_run_completed_once(RUNS)
+    assert_alive_and_stop_cleanly(workers)
     assert terminated > 0
     # They said so: the claim loop, the background threads and the listener.
     output = "".join(worker.output() for worker in workers)
