@@ -18,6 +18,7 @@ import json
 import logging
 import uuid
 from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -204,12 +205,10 @@ def _claim_in_one_statement(
 ) -> list[Claim]:
     token = uuid.uuid4()
     statement = _claim_statement(pools, limit, plan)
-    if connections[_using()].in_atomic_block:
-        # Inside a caller's transaction (drain() in a test): a refused claim
-        # must not abort it, so that the two-statement claim can follow.
-        with transaction.atomic(using=_using()):
-            rows = sql.fetch(_using(), statement, [worker_id, token])
-    else:
+    # Inside a caller's transaction (drain() in a test), a savepoint: a refused
+    # claim must not abort it, so that the two-statement claim can follow.
+    in_transaction = connections[_using()].in_atomic_block
+    with transaction.atomic(using=_using()) if in_transaction else nullcontext():
         rows = sql.fetch(_using(), statement, [worker_id, token])
     claims = []
     for values in rows:

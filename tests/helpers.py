@@ -70,3 +70,13 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 30, interval: flo
         if time.monotonic() > deadline:
             pytest.fail(f"condition not met within {timeout}s")
         time.sleep(interval)
+
+
+def lock_waiters() -> int:
+    """How many sessions of the test database wait on a lock right now."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        return int(cursor.fetchone()[0])

@@ -10,14 +10,14 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connections, transaction
 
 from django_jobs import JobContext, RetryPolicy, cancel, claims, job, lifecycle, retry, start
 from django_jobs.execution import Outcome, execute
 from django_jobs.models import JobRun, Status, Worker
 from django_jobs.worker import Worker as JobWorker
 from tests.factories import WorkerFactory
-from tests.helpers import wait_until
+from tests.helpers import lock_waiters, wait_until
 from tests.testapp.jobs import effect
 from tests.testapp.models import Execution
 
@@ -91,15 +91,6 @@ def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
     thread = threading.Thread(target=target, daemon=True)
     thread.start()
     return thread, result
-
-
-def lock_waiters() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
-        )
-        return int(cursor.fetchone()[0])
 
 
 @contextmanager

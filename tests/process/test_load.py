@@ -13,11 +13,10 @@ import time
 from collections.abc import Callable
 
 import pytest
-from django.db import connection
 
 from django_jobs import start_many
 from django_jobs.models import JobRun, Status
-from tests.helpers import WorkerProcess
+from tests.helpers import WorkerProcess, lock_waiters
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -25,15 +24,6 @@ StartWorker = Callable[..., WorkerProcess]
 RUNS = int(os.environ.get("LOAD_RUNS", "3000"))
 WORKERS = 4
 STALL = 10.0  # seconds without any run moving on that count as a stalled fleet
-
-
-def lock_waiters() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
-        )
-        return int(cursor.fetchone()[0])
 
 
 def test_mixed_load_completes_without_deadlocks_or_stalls(start_worker: StartWorker) -> None:
