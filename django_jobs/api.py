@@ -239,6 +239,7 @@ def retry(run_id: int, *, reset_steps: bool = False, tenant_id: str | None = Non
             status=Status.PENDING,
             run_at=Now(),
             attempts=0,
+            worker_ids=[],
             finished_at=None,
             cancel_requested_at=None,
             cancel_reason="",

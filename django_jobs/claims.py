@@ -23,13 +23,24 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from django.db import IntegrityError, connections, transaction
-from django.db.models import DateTimeField, Exists, ExpressionWrapper, F, OuterRef, Q, Value
+from django.db import IntegrityError, NotSupportedError, connections, transaction
+from django.db.models import (
+    DateTimeField,
+    Exists,
+    ExpressionWrapper,
+    F,
+    Func,
+    JSONField,
+    OuterRef,
+    Q,
+    Value,
+)
 from django.db.models.functions import Now
 
 from . import conf, sql
 from .models import JobRun, JobStep, Status, Worker, WorkerStatus
 from .notify import notify_pools
+from .signals import run_failed
 
 logger = logging.getLogger(__name__)
 
@@ -182,7 +193,8 @@ def _claim_statement(pools: Sequence[str] | None, limit: int, plan: int = 0) -> 
         )
         UPDATE {table} AS run
         SET status = '{Status.RUNNING}', attempts = run.attempts + 1, claimed_by_id = %s,
-            lease_token = %s, started_at = STATEMENT_TIMESTAMP()
+            lease_token = %s, started_at = STATEMENT_TIMESTAMP(),
+            worker_ids = run.worker_ids || jsonb_build_array(%s::text)
         FROM ranked
         WHERE run.id = ranked.id AND run.status = '{Status.PENDING}' AND (
             ranked.concurrency_key IS NULL OR (
@@ -209,7 +221,7 @@ def _claim_in_one_statement(
     # claim must not abort it, so that the two-statement claim can follow.
     in_transaction = connections[_using()].in_atomic_block
     with transaction.atomic(using=_using()) if in_transaction else nullcontext():
-        rows = sql.fetch(_using(), statement, [worker_id, token])
+        rows = sql.fetch(_using(), statement, [worker_id, token, str(worker_id)])
     claims = []
     for values in rows:
         row = dict(zip(CLAIM_FIELDS, values[:-1], strict=True))
@@ -237,6 +249,7 @@ def _claim(worker_id: uuid.UUID, runs: Any, limit: int) -> list[Claim]:
             claimed_by_id=worker_id,
             lease_token=token,
             started_at=Now(),
+            worker_ids=WorkerIds(worker_id),
         )
     for row in rows:
         row["attempts"] += 1
@@ -289,6 +302,35 @@ def _lock_keys(keys: list[str]) -> set[str]:
         .values_list("concurrency_key", flat=True)
     )
     return locked - busy
+
+
+class WorkerIds(Func):
+    """``worker_ids`` with ``worker_id`` appended, or with its last entry removed (None).
+
+    Kept in step with ``attempts``: an attempt counted at claim appends its
+    worker, an attempt given back (a release, a suspension) removes it.
+    """
+
+    output_field = JSONField()
+
+    def __init__(self, worker_id: uuid.UUID | None) -> None:
+        super().__init__(F("worker_ids"))
+        self.worker_id = None if worker_id is None else str(worker_id)
+
+    def as_sql(self, compiler: Any, connection: Any, *args: Any, **extra: Any) -> Any:
+        raise NotSupportedError("django_jobs records attempts on PostgreSQL and SQLite only")
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        column, params = compiler.compile(self.get_source_expressions()[0])
+        if self.worker_id is None:
+            return f"({column} - -1)", params
+        return f"({column} || jsonb_build_array(%s::text))", [*params, self.worker_id]
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        column, params = compiler.compile(self.get_source_expressions()[0])
+        if self.worker_id is None:
+            return f"json_remove({column}, '$[#-1]')", params
+        return f"json_insert({column}, '$[#]', %s)", [*params, self.worker_id]
 
 
 # --- fenced outcome writes ------------------------------------------------------------
@@ -359,6 +401,7 @@ def release(worker_id: uuid.UUID, claims: Iterable[Claim]) -> int:
         .update(
             status=Status.PENDING,
             attempts=F("attempts") - 1,
+            worker_ids=WorkerIds(None),
             run_at=Now(),
             lease_token=None,
             claimed_by=None,
@@ -441,7 +484,7 @@ def rescue_stale(
     with transaction.atomic(using=_using()):
         rows = list(
             runs.select_for_update(skip_locked=True, of=("self",)).values(
-                "id", "attempts", "max_attempts", "parent_id", "lease_token", "pool"
+                "id", "job_type", "attempts", "max_attempts", "parent_id", "lease_token", "pool"
             )[:limit]
         )
         again = [row["id"] for row in rows if row["attempts"] < row["max_attempts"]]
@@ -461,7 +504,7 @@ def rescue_stale(
 
 
 WORKER_LOST = {
-    "type": "WorkerLost",
+    "type": "django_jobs.exceptions.WorkerLost",
     "message": "the worker running this run stopped heartbeating and the run has no attempts left",
     "traceback": "",
     "attempt": None,
@@ -469,7 +512,7 @@ WORKER_LOST = {
 
 
 def _fail_lost(row: dict[str, Any]) -> int:
-    from .lifecycle import after_end, lock_parent  # lifecycle builds on this module
+    from .lifecycle import after_end, announce, lock_parent  # lifecycle builds on this module
 
     claim = Claim(
         row={"id": row["id"], "attempts": row["attempts"]}, lease_token=row["lease_token"]
@@ -479,4 +522,5 @@ def _fail_lost(row: dict[str, Any]) -> int:
         if not end(claim, Status.FAILED, {**WORKER_LOST, "attempt": row["attempts"]}):
             return 0
         after_end(row["id"], row["parent_id"], Status.FAILED)
+    announce(run_failed, row["id"], row["job_type"], row["attempts"], ended=True)
     return 1

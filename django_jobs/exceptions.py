@@ -62,3 +62,18 @@ class JobTimeout(JobsError):
     Name it in ``RetryPolicy(non_retryable=[JobTimeout])`` to end timed-out runs
     at once instead of retrying them.
     """
+
+
+class WorkerLost(JobsError):
+    """The run's worker stopped heartbeating and the run had no attempts left.
+
+    Stored as the error of runs that rescue ended ``failed``; never raised.
+    """
+
+
+class ExecutionError(JobsError):
+    """django_jobs itself could not execute or record a run (stored, never raised)."""
+
+
+class InvalidReturnValue(InvalidJobInput, TypeError):
+    """A ``django.tasks`` task returned a value that is not JSON (never retried)."""

@@ -19,7 +19,14 @@ from django.dispatch import Signal
 from . import claims, conf, lifecycle, signals
 from .claims import Claim
 from .context import JobContext, LeaseLost, Suspended
-from .exceptions import InvalidJobInput, InvalidStepOutput, JobCanceled, JobTimeout, UnknownJobType
+from .exceptions import (
+    InvalidJobInput,
+    InvalidReturnValue,
+    InvalidStepOutput,
+    JobCanceled,
+    JobTimeout,
+    UnknownJobType,
+)
 from .models import JobRun, Status
 from .payloads import normalize
 from .registry import JobHandler, get_handler
@@ -121,7 +128,7 @@ def _execute(
     hand_off: HandOff | None,
 ) -> Outcome:
     try:
-        handler = get_handler(claim.row["job_type"])
+        handler = get_handler(claim.row["job_type"], resolve=True)
     except UnknownJobType as exc:
         # start() refuses unknown types, so this is a deploy where this worker
         # lacks a handler the enqueuer had. Fail it visibly; it can be retried.
@@ -139,7 +146,7 @@ def _execute(
 def _last_resort(claim: Claim, exc: Exception) -> Write:
     """A bare fenced fail, with no follow-up work that could fail again."""
     error = {
-        "type": "django_jobs.ExecutionError",
+        "type": "django_jobs.exceptions.ExecutionError",
         "message": _safely(lambda: repr(exc), Exception),
         "traceback": "",
         "attempt": claim.attempt,
@@ -169,7 +176,7 @@ def _run_handler(
     except JobCanceled as exc:
         return cancel_write(claim, str(exc) or "the handler raised JobCanceled")
     except BaseException as exc:  # a handler's SystemExit ends its run, not the worker
-        if isinstance(exc, InvalidStepOutput):
+        if isinstance(exc, InvalidStepOutput | InvalidReturnValue):
             return fail_write(claim, error_record(exc, claim.attempt, retryable=False))
         return error_write(handler, claim, exc)
     if ctx.deadline is not None and time.monotonic() > ctx.deadline:
@@ -182,7 +189,7 @@ def _run_handler(
     if claim.row["parent_id"] is not None:
         # Its parent may wait for it: the wake-up needs the single-run path.
         complete = claims.complete
-    elif hand_off is not None and not _listened(signals.run_completed):
+    elif hand_off is not None and handler.on_end is None and not _listened(signals.run_completed):
         return partial(_hand_off, hand_off, claim, output, time.monotonic() - ctx.started)
     return partial(_write, complete, claim, output, Outcome.COMPLETED)
 
@@ -319,11 +326,9 @@ def _signal(claim: Claim, outcome: Outcome) -> None:
     signal = SIGNALS.get(outcome)
     if signal is None:
         return
-    for receiver, result in signal.send_robust(
-        JobRun, run_id=claim.run_id, job_type=claim.row["job_type"], attempt=claim.attempt
-    ):
-        if isinstance(result, Exception):
-            logger.error("run=%s signal receiver %r raised %r", claim.run_id, receiver, result)
+    lifecycle.announce(
+        signal, claim.run_id, claim.row["job_type"], claim.attempt, ended=outcome in ENDING
+    )
 
 
 _thread = threading.local()

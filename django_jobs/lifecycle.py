@@ -19,6 +19,7 @@ current status, so two actors never both win a transition. The locking rules:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from functools import partial
@@ -26,12 +27,16 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models.functions import Now
+from django.dispatch import Signal
 
 from . import conf
-from .claims import Claim, fenced
+from .claims import Claim, WorkerIds, fenced
 from .models import UNSUCCESSFUL_STATUSES, ClosePolicy, JobRun, Status
 from .notify import notify_pools
+from .registry import run_ended
 from .signals import run_canceled
+
+logger = logging.getLogger(__name__)
 
 UNFINISHED = (Status.PENDING, Status.RUNNING, Status.WAITING)
 
@@ -131,7 +136,21 @@ def cancel_now(run_ids: Iterable[int], reason: str) -> list[int]:
 
 def _announce_canceled(rows: list[tuple[int, str, int]]) -> None:
     for run_id, job_type, attempts in rows:
-        run_canceled.send_robust(JobRun, run_id=run_id, job_type=job_type, attempt=attempts)
+        announce(run_canceled, run_id, job_type, attempts, ended=True)
+
+
+def announce(signal: Signal, run_id: int, job_type: str, attempt: int, *, ended: bool) -> None:
+    """Send a run signal once its transition is committed; a receiver's error is logged.
+
+    For a run that ``ended``, its handler's ``on_end`` is called too.
+    """
+    for receiver, result in signal.send_robust(
+        JobRun, run_id=run_id, job_type=job_type, attempt=attempt
+    ):
+        if isinstance(result, Exception):
+            logger.error("run=%s signal receiver %r raised %r", run_id, receiver, result)
+    if ended:
+        run_ended(job_type, run_id)
 
 
 def request_cancel(run_ids: Iterable[int], reason: str, *, cascade: bool = True) -> int:
@@ -205,6 +224,7 @@ def _suspend(claim: Claim, **fields: Any) -> str:
             lease_token=None,
             claimed_by=None,
             attempts=claim.attempt - 1,
+            worker_ids=WorkerIds(None),
             **fields,
         )
     ):

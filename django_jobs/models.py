@@ -87,6 +87,9 @@ class JobRun(models.Model):
     run_at = models.DateTimeField(db_default=Now())
     attempts = models.PositiveIntegerField(default=0)
     max_attempts = models.PositiveIntegerField(default=1)
+    # The Worker ids of this run's counted attempts, in order: entry n ran
+    # attempt n + 1, so its length always equals ``attempts``.
+    worker_ids = models.JSONField(default=list, blank=True)
 
     input = models.JSONField(encoder=DjangoJSONEncoder, default=dict, blank=True)
     output = models.JSONField(encoder=DjangoJSONEncoder, null=True, blank=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -15,6 +16,8 @@ from .exceptions import DuplicateJobType, UnknownJobType
 if TYPE_CHECKING:
     from .context import JobContext
     from .models import JobRun
+
+logger = logging.getLogger(__name__)
 
 HandlerFn = Callable[["JobContext"], Any]
 ConcurrencyKey = str | Callable[[Any], str | None] | None
@@ -31,6 +34,10 @@ class JobHandler:
     timeout: float | None = None
     concurrency_key: ConcurrencyKey = None
     priority: int = 0
+    # Called with the run id once a run of this type has ended (completed,
+    # failed, timed out or canceled), in the process that ended it. While it is
+    # set, a completion is written before the worker thread moves on.
+    on_end: Callable[[int], None] | None = None
 
     def __call__(self, ctx: JobContext) -> Any:
         return self.fn(ctx)
@@ -58,6 +65,10 @@ class JobHandler:
 
 
 _handlers: dict[str, JobHandler] = {}
+# Handlers found by a resolver (django.tasks tasks, by their module path); kept
+# apart from _handlers, which start() and the admin see.
+_resolved: dict[str, JobHandler] = {}
+_resolvers: list[Callable[[str], JobHandler | None]] = []
 _lock = threading.Lock()
 
 
@@ -122,15 +133,64 @@ def unregister(job_type: str) -> None:
         _handlers.pop(job_type, None)
 
 
-def get_handler(job_type: str) -> JobHandler:
-    """Return the handler of ``job_type`` or raise ``UnknownJobType``."""
+def get_handler(job_type: str, *, resolve: bool = False) -> JobHandler:
+    """Return the handler of ``job_type`` or raise ``UnknownJobType``.
+
+    With ``resolve`` (the worker's lookups), a type no ``@job`` registered is
+    offered to the resolvers (``add_resolver``), and what they find is kept.
+    """
     try:
         return _handlers[job_type]
     except (KeyError, TypeError):
-        raise UnknownJobType(
-            f"no job is registered as {job_type!r}; define it with @job({job_type!r}) "
-            "in the jobs.py of an installed app"
-        ) from None
+        pass
+    if resolve and isinstance(job_type, str):
+        handler = _resolve(job_type)
+        if handler is not None:
+            return handler
+    raise UnknownJobType(
+        f"no job is registered as {job_type!r}; define it with @job({job_type!r}) "
+        "in the jobs.py of an installed app"
+    ) from None
+
+
+def _resolve(job_type: str) -> JobHandler | None:
+    handler = _resolved.get(job_type)
+    if handler is not None:
+        return handler
+    for resolver in list(_resolvers):
+        try:
+            handler = resolver(job_type)
+        except Exception:
+            logger.exception("type=%s resolver %r failed", job_type, resolver)
+            continue
+        if handler is not None:
+            with _lock:
+                return _resolved.setdefault(job_type, handler)
+    return None
+
+
+def add_resolver(resolver: Callable[[str], JobHandler | None]) -> None:
+    """Let ``resolver(job_type)`` supply handlers for types no ``@job`` registered."""
+    with _lock:
+        if resolver not in _resolvers:
+            _resolvers.append(resolver)
+
+
+def run_ended(job_type: str, run_id: int) -> None:
+    """Tell the handler of ``job_type`` that run ``run_id`` ended (its ``on_end``).
+
+    Never raises: an error is logged, as for a signal receiver.
+    """
+    try:
+        handler = get_handler(job_type, resolve=True)
+    except UnknownJobType:
+        return
+    if handler.on_end is None:
+        return
+    try:
+        handler.on_end(run_id)
+    except Exception:
+        logger.exception("run=%s type=%s on_end failed", run_id, job_type)
 
 
 def all_handlers() -> dict[str, JobHandler]:

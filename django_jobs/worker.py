@@ -329,7 +329,7 @@ class Worker:
             if ctx.deadline is not None and now > ctx.deadline and not ctx.fenced_off:
                 ctx.fenced_off = True
                 ctx.request_cancel()
-                handler = get_handler(ctx.job_type)
+                handler = get_handler(ctx.job_type, resolve=True)
                 settle(ctx.claim, timeout_write(handler, ctx.claim), self.hard_stop)
             elif (
                 ctx.cancel_noticed_at is not None
@@ -385,6 +385,6 @@ class Worker:
 
 def _timeout_of(claim: Claim) -> float | None:
     try:
-        return get_handler(claim.row["job_type"]).timeout
+        return get_handler(claim.row["job_type"], resolve=True).timeout
     except UnknownJobType:
         return None

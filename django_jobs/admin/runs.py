@@ -177,7 +177,7 @@ class JobRunAdmin(OperationsMixin, admin.ModelAdmin):  # type: ignore[type-arg,m
                 ]
             },
         ),
-        ("Worker", {"fields": ["worker_link", "lease_token"]}),
+        ("Worker", {"fields": ["worker_link", "lease_token", "attempt_workers"]}),
     ]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
@@ -318,6 +318,10 @@ class JobRunAdmin(OperationsMixin, admin.ModelAdmin):  # type: ignore[type-arg,m
     @admin.display(description="trigger")
     def trigger(self, run: JobRun) -> str:
         return f"{run.trigger_source} {run.trigger_ref}".strip()
+
+    @admin.display(description="workers by attempt")
+    def attempt_workers(self, run: JobRun) -> str:
+        return ", ".join(f"{n}: {worker}" for n, worker in enumerate(run.worker_ids, 1)) or EMPTY
 
     @admin.display(description="worker")
     def worker_link(self, run: JobRun) -> SafeString | str:

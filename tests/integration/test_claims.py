@@ -205,7 +205,7 @@ def test_rescue_takes_only_stale_workers_runs() -> None:
         None,
     )
     assert lost_spent.status == Status.FAILED
-    assert lost_spent.error["type"] == "WorkerLost"
+    assert lost_spent.error["type"] == "django_jobs.exceptions.WorkerLost"
     assert long_running.status == Status.RUNNING
     assert other_pool.status == Status.RUNNING
     assert Worker.objects.get(pk=stale.pk).status == WorkerStatus.LOST

@@ -1,10 +1,11 @@
 """Property test of the run state machine (hypothesis).
 
 Random sequences of start, claim (by two workers), complete, fail, retry
-scheduled, cancel, manual retry, rescue and time passing, against the real
-database. After every operation: only legal transitions happened, no run was
-lost, a lease token exists exactly on running runs, and no run has two owners
-(of all the claims ever handed out, at most one still matches a run's lease).
+scheduled, cancel, manual retry, rescue, release, durable sleep and time
+passing, against the real database. After every operation: only legal
+transitions happened, no run was lost, a lease token exists exactly on running
+runs, no run has two owners (of all the claims ever handed out, at most one
+still matches a run's lease), and each counted attempt has its worker recorded.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from django_jobs import cancel, claims, retry, start
+from django_jobs import cancel, claims, lifecycle, retry, start
 from django_jobs.exceptions import InvalidTransition
 from django_jobs.models import JobRun, JobStep, Status, Worker
 
@@ -51,6 +52,8 @@ operations = st.lists(
         st.tuples(st.just("cancel"), st.integers(0, 50)),
         st.tuples(st.just("retry"), st.integers(0, 50)),
         st.tuples(st.just("rescue"), st.integers(0, 1)),
+        st.tuples(st.just("release"), st.integers(0, 50)),
+        st.tuples(st.just("sleep"), st.integers(0, 50)),
         st.tuples(st.just("time passes"), st.integers(0, 0)),
     ),
     min_size=1,
@@ -65,6 +68,7 @@ class Model:
         self.workers = [claims.register_worker("w", n, None, 4).pk for n in (1, 2)]
         self.runs: list[int] = []
         self.held: list[claims.Claim] = []
+        self.holder: dict[Any, Any] = {}  # lease token -> the worker that claimed it
         self.last: dict[int, str] = {}
 
     def pick(self, items: list[Any], index: int) -> Any:
@@ -74,7 +78,24 @@ class Model:
         if name == "start":
             self.runs.append(start("tests.flaky", {"succeed_on": 99}).pk)
         elif name == "claim":
-            self.held += claims.claim_batch(self.workers[arg], None, 2)
+            batch = claims.claim_batch(self.workers[arg], None, 2)
+            self.held += batch
+            self.holder.update({claim.lease_token: self.workers[arg] for claim in batch})
+        elif name in ("release", "sleep"):
+            claim = self.pick(self.held, arg)
+            if claim is None:
+                return
+            run = JobRun.objects.get(pk=claim.run_id)
+            holds = run.lease_token == claim.lease_token
+            if name == "release":
+                wrote = claims.release(self.holder[claim.lease_token], [claim]) == 1
+                assert wrote == holds
+            else:
+                until = timezone.now() + timedelta(hours=1)
+                outcome = lifecycle.suspend_until(claim, until)
+                # A run asked to cancel does not suspend: it must end now.
+                asked = run.cancel_requested_at is not None
+                assert (outcome == lifecycle.SUSPENDED) == (holds and not asked)
         elif name in ("complete", "fail", "reschedule"):
             claim = self.pick(self.held, arg)
             if claim is None:
@@ -105,7 +126,8 @@ class Model:
             claims.rescue_stale(None, 60)
             Worker.objects.filter(pk=stale).update(heartbeat_at=timezone.now(), status="running")
         elif name == "time passes":
-            JobRun.objects.filter(status=S.PENDING).update(run_at=timezone.now())
+            JobRun.objects.filter(status__in=[S.PENDING, S.WAITING]).update(run_at=timezone.now())
+            lifecycle.wake_sleepers()
 
     def check(self) -> None:
         rows = {run.pk: run for run in JobRun.objects.all()}
@@ -115,9 +137,12 @@ class Model:
             assert run.status == before or (before, run.status) in ALLOWED, (before, run.status)
             self.last[run_id] = run.status
             assert (run.status == S.RUNNING) == (run.lease_token is not None)
+            # One recorded worker per counted attempt, the holder last.
+            assert len(run.worker_ids) == run.attempts, (run.worker_ids, run.attempts)
             if run.status == S.RUNNING:
                 assert run.claimed_by_id in self.workers
                 assert run.attempts >= 1
+                assert run.worker_ids[-1] == str(run.claimed_by_id)
             owners = [
                 c for c in self.held if c.run_id == run_id and c.lease_token == run.lease_token
             ]

@@ -94,7 +94,7 @@ def test_poison_run_fails_once_its_attempts_are_spent(start_worker: StartWorker)
     wait_until(lambda: status_of(run) == Status.FAILED, timeout=30)
     run.refresh_from_db()
     assert run.attempts == 2
-    assert run.error["type"] == "WorkerLost"
+    assert run.error["type"] == "django_jobs.exceptions.WorkerLost"
     assert Execution.objects.filter(run_id=run.pk).count() == 2
     survivor.signal(signal.SIGTERM)
     assert survivor.wait(timeout=30) == 0
