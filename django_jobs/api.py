@@ -46,9 +46,8 @@ def start(
     With an ``idempotency_key``, a run of the same job type and key that already
     exists is returned instead of a new one, also when two callers race.
     """
-    handler = get_handler(job_type)
-    run = _build(
-        handler,
+    return start_handler(
+        get_handler(job_type),
         input,
         pool=pool,
         priority=priority,
@@ -60,6 +59,18 @@ def start(
         tenant_id=tenant_id,
         parent=parent,
     )
+
+
+def start_handler(
+    handler: JobHandler, input: Any, *, trigger: tuple[str, str] | None = None, **options: Any
+) -> JobRun:
+    """``start()`` for a handler in hand (the tasks backend's, which ``@job`` did not register).
+
+    ``trigger`` is the run's ``(trigger_source, trigger_ref)``, ``("api", "")`` by default.
+    """
+    run = _build(handler, input, **options)
+    if trigger is not None:
+        run.trigger_source, run.trigger_ref = trigger
     using = conf.get().DATABASE
     if run.idempotency_key is None:
         run.save(using=using, force_insert=True)
@@ -73,7 +84,7 @@ def start(
         # holds the key; it committed, so this statement's fresh snapshot sees its row.
         existing = (
             JobRun.objects.using(using)
-            .filter(job_type=job_type, idempotency_key=run.idempotency_key)
+            .filter(job_type=handler.job_type, idempotency_key=run.idempotency_key)
             .first()
         )
         if existing is None:

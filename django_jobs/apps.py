@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django.apps import AppConfig
+from django.core.exceptions import ImproperlyConfigured
 from django.utils.translation import gettext_lazy as _
 
 
@@ -11,6 +12,12 @@ class DjangoJobsConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401 - registers the system checks
-        from .registry import autodiscover
+        from .registry import add_resolver, autodiscover
 
         autodiscover()
+        try:
+            from .tasks_backend import resolve_task
+        except ImproperlyConfigured:
+            pass  # no tasks framework installed: django.tasks runs are not served
+        else:
+            add_resolver(resolve_task)

@@ -147,9 +147,10 @@ def get_handler(job_type: str, *, resolve: bool = False) -> JobHandler:
         handler = _resolve(job_type)
         if handler is not None:
             return handler
+    hint = " (or, for a django.tasks @task, check that its module imports)" if resolve else ""
     raise UnknownJobType(
         f"no job is registered as {job_type!r}; define it with @job({job_type!r}) "
-        "in the jobs.py of an installed app"
+        f"in the jobs.py of an installed app{hint}"
     ) from None
 
 

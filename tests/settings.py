@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import django
 import environ
 
 from django_jobs.embedded import database_url
@@ -23,6 +24,12 @@ INSTALLED_APPS = [
     "django_jobs",
     "tests.testapp",
 ]
+if django.VERSION < (6, 0):
+    # The django.tasks backport, which django_jobs' tasks backend uses on Django 5.2.
+    INSTALLED_APPS.append("django_tasks")
+
+# @task functions (tests/testapp/tasks.py) run on django_jobs; any queue name is valid.
+TASKS = {"default": {"BACKEND": "django_jobs.tasks_backend.JobsBackend", "QUEUES": []}}
 
 _db = environ.Env.db_url_config(database_url())
 # One test database per pytest process, so two suites on one server never collide.

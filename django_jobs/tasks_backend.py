@@ -1,0 +1,342 @@
+"""A backend for Django's tasks framework: ``@task`` functions run as django_jobs runs.
+
+    TASKS = {"default": {"BACKEND": "django_jobs.tasks_backend.JobsBackend"}}
+
+``enqueue()`` inserts a ``JobRun`` in the caller's transaction (``api.start_handler``):
+its job type is the task's module path, its pool the task's queue name, its
+input ``{"args": [...], "kwargs": {...}}``, and its trigger ``("task", alias)``.
+A worker serving that pool finds the task by its module path (``resolve_task``)
+and runs it like any job: attempts, leases, rescue, timeouts, cancellation.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.apps import apps
+from django.conf import settings
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
+
+from . import api, conf
+from .backoff import NO_RETRY, RetryPolicy
+from .exceptions import InvalidJobInput, InvalidReturnValue
+from .models import JobRun, Status
+from .payloads import normalize
+from .registry import JobHandler
+from .tasks_compat import (
+    BaseTaskBackend,
+    InvalidTask,
+    Task,
+    TaskContext,
+    TaskError,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    normalize_json,
+    task_backends,
+    task_enqueued,
+    task_finished,
+    task_started,
+)
+
+logger = logging.getLogger(__name__)
+
+# JobRun.trigger_source of the runs this backend enqueues; trigger_ref is the alias.
+TASK_SOURCE = "task"
+
+STATUSES = {
+    Status.PENDING: TaskResultStatus.READY,
+    Status.RUNNING: TaskResultStatus.RUNNING,
+    Status.WAITING: TaskResultStatus.RUNNING,
+    Status.COMPLETED: TaskResultStatus.SUCCESSFUL,
+    Status.FAILED: TaskResultStatus.FAILED,
+    Status.TIMED_OUT: TaskResultStatus.FAILED,
+    Status.CANCELED: TaskResultStatus.FAILED,
+}
+
+TaskKey = str | Callable[..., str | None] | None
+if TYPE_CHECKING:
+    AnyTask = Task[..., Any]
+    AnyResult = TaskResult[Any, Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobsTask(Task):  # type: ignore[type-arg,misc,unused-ignore]
+    """A task with django_jobs' options, given to ``@task(...)`` (Django 6.1+, django-tasks).
+
+    ``retry`` is a ``RetryPolicy``; ``timeout`` seconds or a ``timedelta``;
+    ``concurrency_key`` a string, or a callable given the task's arguments.
+    """
+
+    retry: RetryPolicy | None = None
+    timeout: float | timedelta | None = None
+    concurrency_key: TaskKey = None
+
+
+class JobsBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
+    """Runs ``@task`` functions on django_jobs workers (``runjobworker --pool QUEUE``)."""
+
+    task_class = JobsTask
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = True
+
+    def validate_task(self, task: AnyTask) -> None:
+        super().validate_task(task)
+        problem = pool_problem(task.queue_name)
+        if problem is not None:
+            raise InvalidTask(f"queue_name {task.queue_name!r} {problem}.")
+        if isinstance(task, JobsTask):
+            _validate_options(task)
+
+    def enqueue(self, task: AnyTask, args: Any, kwargs: Any) -> AnyResult:
+        self.validate_task(task)
+        data = normalize(normalize_json({"args": args, "kwargs": kwargs}), what="arguments")
+        run = api.start_handler(
+            handler_for(task),
+            data,
+            trigger=(TASK_SOURCE, self.alias),
+            pool=task.queue_name,
+            priority=task.priority,
+            run_at=task.run_after,
+            concurrency_key=_key(task, data),
+        )
+        result = self.result_of(run)
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    def get_result(self, result_id: str) -> AnyResult:
+        text = str(result_id)
+        # Run ids are bigints; anything else names no run.
+        if not (text.isascii() and text.isdigit() and int(text) < 2**63):
+            raise TaskResultDoesNotExist(result_id)
+        run = (
+            JobRun.objects.using(conf.get().DATABASE)
+            .filter(pk=int(text), trigger_source=TASK_SOURCE, trigger_ref=self.alias)
+            .first()
+        )
+        if run is None:
+            raise TaskResultDoesNotExist(result_id)
+        return self.result_of(run)
+
+    def result_of(self, run: JobRun) -> AnyResult:
+        """The ``TaskResult`` of a task's run, as stored now."""
+        result = TaskResult(
+            task=self._task_of(run),
+            id=str(run.pk),
+            status=STATUSES[Status(run.status)],
+            enqueued_at=run.created_at,
+            # One column holds the latest attempt's start, as in django-tasks-db.
+            started_at=run.started_at,
+            last_attempted_at=run.started_at,
+            finished_at=run.finished_at,
+            args=run.input.get("args", []),
+            kwargs=run.input.get("kwargs", {}),
+            backend=self.alias,
+            errors=_errors(run),
+            worker_ids=list(run.worker_ids),
+        )
+        if run.status == Status.COMPLETED:
+            object.__setattr__(result, "_return_value", run.output)
+        return result
+
+    def _task_of(self, run: JobRun) -> AnyTask:
+        task = _import_task(run.job_type)
+        if task is None:
+            raise ImproperlyConfigured(
+                f"run {run.pk} is a task run, but {run.job_type!r} is no longer a task"
+            )
+        changes: dict[str, Any] = {
+            "priority": run.priority,
+            "queue_name": run.pool,
+            "backend": self.alias,
+        }
+        # run_at is created_at unless the task was deferred (or a retry was scheduled).
+        if run.run_at != run.created_at:
+            changes["run_after"] = run.run_at
+        return task.using(**changes)
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        messages: list[checks.CheckMessage] = list(super().check(**kwargs))
+        if not apps.is_installed("django_jobs"):
+            messages.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}] uses {type(self).__name__}, but django_jobs is not "
+                    "installed.",
+                    hint='Add "django_jobs" to INSTALLED_APPS and run migrate.',
+                    id="django_jobs.E006",
+                )
+            )
+        for queue in sorted(self.queues):
+            problem = pool_problem(queue)
+            if problem is not None:
+                messages.append(
+                    checks.Error(
+                        f"TASKS[{self.alias!r}]['QUEUES'] has {queue!r}, which {problem}.",
+                        hint="Queue names are django_jobs pools: 1 to 100 characters.",
+                        id="django_jobs.E007",
+                    )
+                )
+        if self.options:
+            messages.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}]['OPTIONS'] has unknown keys: "
+                    + ", ".join(sorted(map(str, self.options))),
+                    hint="JobsBackend takes no OPTIONS; django_jobs is configured by "
+                    "settings.DJANGO_JOBS.",
+                    id="django_jobs.E008",
+                )
+            )
+        return messages
+
+
+def pool_problem(name: object) -> str | None:
+    """Why ``name`` cannot be a pool (a queue name), or None."""
+    if not isinstance(name, str) or not name:
+        return "is not a non-empty string"
+    if len(name) > 100:
+        return "is longer than 100 characters"
+    if "\x00" in name:
+        return "contains a NUL character"
+    return None
+
+
+def _validate_options(task: JobsTask) -> None:
+    if task.retry is not None and not isinstance(task.retry, RetryPolicy):
+        raise InvalidTask(f"retry must be a RetryPolicy, got {task.retry!r}")
+    if task.timeout is not None and _seconds(task.timeout) is None:
+        raise InvalidTask(f"timeout must be positive seconds or a timedelta, got {task.timeout!r}")
+    key = task.concurrency_key
+    if not (key is None or isinstance(key, str) or callable(key)):
+        raise InvalidTask(f"concurrency_key must be a string or a callable, got {key!r}")
+
+
+def _seconds(timeout: object) -> float | None:
+    try:
+        seconds = conf.to_seconds(timeout)  # type: ignore[arg-type,unused-ignore]
+    except TypeError:
+        return None
+    return seconds if seconds > 0 else None
+
+
+def _key(task: AnyTask, data: dict[str, Any]) -> str | None:
+    key = getattr(task, "concurrency_key", None)
+    if callable(key):
+        key = key(*data["args"], **data["kwargs"])
+    if key is not None and not isinstance(key, str):
+        raise InvalidJobInput(f"the concurrency key of {task.module_path} is not a string: {key!r}")
+    return key
+
+
+def _errors(run: JobRun) -> list[TaskError]:
+    """The run's recorded error as a ``TaskError``: the latest attempt's (older ones are gone)."""
+    error = run.error
+    if isinstance(error, dict) and error.get("type"):
+        path = str(error["type"])
+        text = error.get("traceback") or f"{path.rpartition('.')[2]}: {error.get('message', '')}\n"
+        return [TaskError(exception_class_path=path, traceback=text)]
+    if run.status == Status.CANCELED:
+        # Canceled before it ran (cancel(), a parent's close policy): no attempt raised.
+        reason = run.cancel_reason or "canceled"
+        return [
+            TaskError(
+                exception_class_path="django_jobs.exceptions.JobCanceled",
+                traceback=f"JobCanceled: {reason}\n",
+            )
+        ]
+    return []
+
+
+# --- the worker's side ----------------------------------------------------------------
+
+
+def handler_for(task: AnyTask) -> JobHandler:
+    """The handler that runs ``task``'s runs, with the task's django_jobs options."""
+    job_type = task.module_path
+    timeout = getattr(task, "timeout", None)
+
+    def run_task(ctx: Any) -> Any:
+        run = JobRun.objects.using(conf.get().DATABASE).get(pk=ctx.run_id)
+        backend = _backend_of(run)
+        result = backend.result_of(run)
+        task_started.send(type(backend), task_result=result)
+        current = result.task
+        if current.takes_context:
+            value = current.call(TaskContext(task_result=result), *result.args, **result.kwargs)
+        else:
+            value = current.call(*result.args, **result.kwargs)
+        try:
+            return normalize_json(value)
+        except (TypeError, ValueError) as exc:
+            raise InvalidReturnValue(
+                f"{job_type} returned a value that is not JSON: {exc}"
+            ) from exc
+
+    return JobHandler(
+        job_type=job_type,
+        fn=run_task,
+        pool=task.queue_name,
+        retry=getattr(task, "retry", None) or NO_RETRY,
+        timeout=None if timeout is None else _seconds(timeout),
+        priority=task.priority,
+        on_end=_task_ended,
+    )
+
+
+def _task_ended(run_id: int) -> None:
+    """Send ``task_finished`` once a task's run has ended, whoever ended it."""
+    run = JobRun.objects.using(conf.get().DATABASE).filter(pk=run_id).first()
+    if run is None or run.trigger_source != TASK_SOURCE:
+        return
+    backend = _backend_of(run)
+    task_finished.send(type(backend), task_result=backend.result_of(run))
+
+
+def _backend_of(run: JobRun) -> JobsBackend:
+    backend = task_backends[run.trigger_ref]
+    if not isinstance(backend, JobsBackend):
+        raise ImproperlyConfigured(
+            f"run {run.pk} was enqueued by TASKS[{run.trigger_ref!r}], which is not a JobsBackend "
+            "in this process's settings"
+        )
+    return backend
+
+
+def resolve_task(job_type: str) -> JobHandler | None:
+    """The handler of a task named by its module path, when a JobsBackend is configured.
+
+    A worker imports the task's module the first time it meets one of its runs,
+    as Django's own task pickling does; nothing is imported unless ``TASKS``
+    uses a JobsBackend and the path names a ``Task``.
+    """
+    if "." not in job_type or not _configured():
+        return None
+    task = _import_task(job_type)
+    return None if task is None else handler_for(task)
+
+
+def _import_task(path: str) -> AnyTask | None:
+    try:
+        task = import_string(path)
+    except ImportError:
+        return None
+    return task if isinstance(task, Task) else None
+
+
+def _configured() -> bool:
+    """Whether ``settings.TASKS`` names a JobsBackend (or a subclass)."""
+    for params in getattr(settings, "TASKS", {}).values():
+        try:
+            backend = import_string(params["BACKEND"])
+        except (ImportError, KeyError, TypeError):
+            continue
+        if isinstance(backend, type) and issubclass(backend, JobsBackend):
+            return True
+    return False

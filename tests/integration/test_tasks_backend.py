@@ -1,0 +1,289 @@
+"""JobsBackend: @task functions enqueued, run by django_jobs, and read back as TaskResults.
+
+Runs on Django 6 (django.tasks) and on Django 5.2 with the django-tasks backport.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.db import transaction
+from django.test import override_settings
+from django.utils import timezone
+
+from django_jobs import RetryPolicy, cancel, claims, retry, start
+from django_jobs.exceptions import InvalidReturnValue, JobCanceled, JobTimeout, WorkerLost
+from django_jobs.models import JobRun, Status, Worker
+from django_jobs.tasks_backend import JobsBackend, JobsTask
+from django_jobs.tasks_compat import (
+    InvalidTask,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    task,
+    task_backends,
+    task_enqueued,
+    task_finished,
+    task_started,
+)
+from django_jobs.testing import drain
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+JOBS = "django_jobs.tasks_backend.JobsBackend"
+
+
+@pytest.fixture
+def events() -> Iterator[list[tuple[str, Any, str, str]]]:
+    """(signal, sender, result id, status) for every task signal sent."""
+    seen: list[tuple[str, Any, str, str]] = []
+
+    def receiver(name: str) -> Any:
+        def receive(sender: Any, task_result: Any, **kwargs: Any) -> None:
+            seen.append((name, sender, task_result.id, task_result.status))
+
+        return receive
+
+    receivers = {
+        signal: receiver(name)
+        for name, signal in [
+            ("enqueued", task_enqueued),
+            ("started", task_started),
+            ("finished", task_finished),
+        ]
+    }
+    for signal, receive in receivers.items():
+        signal.connect(receive)
+    yield seen
+    for signal, receive in receivers.items():
+        signal.disconnect(receive)
+
+
+def finished(result: Any) -> Any:
+    drain()
+    result.refresh()
+    return result
+
+
+def test_enqueue_inserts_a_run_in_the_callers_transaction() -> None:
+    with transaction.atomic():
+        result = tasks.echo.enqueue(1, "two", three=[3])
+        run = JobRun.objects.get(pk=int(result.id))
+    assert (run.job_type, run.pool, run.priority) == ("tests.testapp.tasks.echo", "tasks", 5)
+    assert (run.trigger_source, run.trigger_ref) == ("task", "default")
+    assert run.input == {"args": [1, "two"], "kwargs": {"three": [3]}}
+    assert result.status == TaskResultStatus.READY
+    assert (result.args, result.kwargs, result.attempts) == ([1, "two"], {"three": [3]}, 0)
+    assert result.enqueued_at == run.created_at
+    assert isinstance(result.task, JobsTask)
+    assert result.task == tasks.echo
+
+    try:
+        with transaction.atomic():
+            gone = tasks.add.enqueue(1, 2)
+            raise ZeroDivisionError
+    except ZeroDivisionError:
+        pass
+    with pytest.raises(TaskResultDoesNotExist):
+        tasks.add.get_result(gone.id)
+
+
+def test_successful_result(events: list[Any]) -> None:
+    result = finished(tasks.add.enqueue(2, 3))
+    run = JobRun.objects.get(pk=int(result.id))
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == 5
+    assert result.errors == []
+    assert result.worker_ids == [str(run.claimed_by_id)] == run.worker_ids
+    assert result.attempts == 1
+    assert result.enqueued_at <= result.started_at <= result.finished_at
+    assert result.last_attempted_at == result.started_at
+    sender = type(task_backends["default"])
+    assert events == [
+        ("enqueued", sender, result.id, TaskResultStatus.READY),
+        ("started", sender, result.id, TaskResultStatus.RUNNING),
+        ("finished", sender, result.id, TaskResultStatus.SUCCESSFUL),
+    ]
+
+
+def test_failed_result(events: list[Any]) -> None:
+    result = finished(tasks.boom.enqueue("no luck"))
+    assert result.status == TaskResultStatus.FAILED
+    with pytest.raises(ValueError, match="Task failed"):
+        result.return_value  # noqa: B018
+    (error,) = result.errors
+    assert error.exception_class is ValueError
+    assert error.traceback.startswith("Traceback")
+    assert error.traceback.endswith("ValueError: no luck\n")
+    assert [(name, status) for name, _, _, status in events] == [
+        ("enqueued", TaskResultStatus.READY),
+        ("started", TaskResultStatus.RUNNING),
+        ("finished", TaskResultStatus.FAILED),
+    ]
+
+
+def test_retries_follow_the_tasks_policy_and_the_context_counts_attempts(
+    events: list[Any],
+) -> None:
+    result = finished(tasks.flaky.enqueue(succeed_on=3))
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == {"attempt": 3, "id": result.id}
+    assert result.attempts == 3 == len(result.worker_ids)
+    # The latest failed attempt's error is kept beside the success.
+    assert result.errors[0].exception_class is ConnectionError
+    assert [name for name, *_ in events] == [
+        "enqueued",
+        "started",
+        "started",
+        "started",
+        "finished",
+    ]
+
+    spent = finished(tasks.flaky.enqueue(succeed_on=9))
+    assert spent.status == TaskResultStatus.FAILED
+    assert spent.attempts == 3
+    assert "attempt 3 failed" in spent.errors[0].traceback
+
+
+def test_a_value_that_is_not_json_fails_without_retries() -> None:
+    result = finished(tasks.bad_return.enqueue())
+    assert result.status == TaskResultStatus.FAILED
+    assert result.attempts == 1  # its policy allows 5
+    assert result.errors[0].exception_class is InvalidReturnValue
+    assert "Unsupported type" in result.errors[0].traceback
+
+
+def test_return_values_are_normalised_as_django_does() -> None:
+    assert finished(tasks.returns_bytes.enqueue()).return_value == "café"
+    assert finished(tasks.returns_tuple.enqueue()).return_value == [1, 2, [3, 4]]
+
+
+def test_async_task() -> None:
+    result = finished(tasks.add_async.enqueue(20, 22))
+    assert result.return_value == 42
+
+
+def test_aenqueue_and_aget_result() -> None:
+    result = async_to_sync(tasks.add.aenqueue)(4, 5)
+    drain()
+    fetched = async_to_sync(tasks.add.aget_result)(result.id)
+    assert (fetched.status, fetched.return_value) == (TaskResultStatus.SUCCESSFUL, 9)
+
+
+def test_cancel_of_a_pending_task(events: list[Any]) -> None:
+    result = tasks.add.enqueue(1, 1)
+    assert cancel(int(result.id), reason="not needed") == 1
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert result.errors[0].exception_class is JobCanceled
+    assert result.errors[0].traceback == "JobCanceled: not needed\n"
+    assert drain() == 0
+    assert events[-1][0::3] == ("finished", TaskResultStatus.FAILED)
+
+
+def test_timeout_of_a_task() -> None:
+    result = finished(tasks.too_slow.enqueue())
+    assert result.status == TaskResultStatus.FAILED
+    assert JobRun.objects.get(pk=int(result.id)).status == Status.TIMED_OUT
+    assert result.errors[0].exception_class is JobTimeout
+
+
+def test_rescue_of_a_task_whose_worker_died(events: list[Any]) -> None:
+    result = tasks.add.enqueue(1, 2)
+    dead = claims.register_worker("gone", 1, None, 1)
+    assert len(claims.claim_batch(dead.pk, None, 1)) == 1
+    Worker.objects.filter(pk=dead.pk).update(heartbeat_at=timezone.now() - timedelta(hours=1))
+    assert claims.rescue_stale(None, 60) == (0, 1)
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert result.worker_ids == [str(dead.pk)]
+    assert result.errors[0].exception_class is WorkerLost
+    assert events[-1][0::3] == ("finished", TaskResultStatus.FAILED)
+
+
+def test_manual_retry_of_a_failed_task() -> None:
+    result = finished(tasks.boom.enqueue("once"))
+    run = retry(int(result.id))
+    assert run.worker_ids == []
+    result.refresh()
+    assert (result.status, result.attempts) == (TaskResultStatus.READY, 0)
+
+
+def test_run_after_defers_the_run() -> None:
+    later = timezone.now() + timedelta(minutes=5)
+    result = tasks.add.using(run_after=later).enqueue(1, 2)
+    assert drain() == 0
+    assert JobRun.objects.get(pk=int(result.id)).run_at == later
+    assert result.task.run_after == later
+    assert tasks.add.get_result(result.id) == result
+
+
+def test_priority_orders_the_runs(events: list[Any]) -> None:
+    low = tasks.add.using(priority=-10).enqueue(0, 0)
+    high = tasks.add.using(priority=10).enqueue(0, 0)
+    runs = JobRun.objects.filter(pk__in=[int(low.id), int(high.id)])
+    assert dict(runs.values_list("id", "priority")) == {int(low.id): -10, int(high.id): 10}
+    drain()
+    started = [result_id for name, _, result_id, _ in events if name == "started"]
+    assert started == [high.id, low.id]
+
+
+def test_concurrency_key_from_the_tasks_arguments() -> None:
+    result = tasks.debit.enqueue(7, amount=100)
+    assert JobRun.objects.get(pk=int(result.id)).concurrency_key == "account:7"
+
+
+def test_get_result_of_what_is_not_a_task_run() -> None:
+    job_run = start("tests.noop")
+    for result_id in [str(job_run.pk), "nope", "-1", "9" * 30, "12345678"]:
+        with pytest.raises(TaskResultDoesNotExist):
+            tasks.add.get_result(result_id)
+
+
+def test_task_options_are_validated() -> None:
+    with pytest.raises(InvalidTask, match="retry must be a RetryPolicy"):
+        task(retry=3)(tasks.add.func)
+    with pytest.raises(InvalidTask, match="timeout must be positive"):
+        task(timeout=-1)(tasks.add.func)
+    with pytest.raises(InvalidTask, match="concurrency_key must be"):
+        task(concurrency_key=3)(tasks.add.func)
+    with pytest.raises(InvalidTask, match=r"queue_name 'x{101}' is longer"):
+        tasks.add.using(queue_name="x" * 101)
+    configured = task(retry=RetryPolicy(attempts=4), timeout=timedelta(seconds=3))(tasks.add.func)
+    assert configured.retry == RetryPolicy(attempts=4)
+    assert JobRun.objects.count() == 0
+
+
+def test_input_that_is_not_json_is_refused_and_nothing_is_written() -> None:
+    with pytest.raises(TypeError, match="Unsupported type"):
+        tasks.add.enqueue(timezone.now(), 1)
+    assert JobRun.objects.count() == 0
+
+
+def test_checks() -> None:
+    assert task_backends["default"].check() == []
+    with override_settings(
+        TASKS={"default": {"BACKEND": JOBS, "QUEUES": ["ok", ""], "OPTIONS": {"x": 1}}}
+    ):
+        ids = [message.id for message in task_backends["default"].check()]
+    assert ids == ["django_jobs.E007", "django_jobs.E008"]
+
+
+def test_check_without_the_app(monkeypatch: pytest.MonkeyPatch) -> None:
+    from django.apps import apps
+
+    monkeypatch.setattr(apps, "is_installed", lambda name: name != "django_jobs")
+    assert [message.id for message in task_backends["default"].check()] == ["django_jobs.E006"]
+
+
+def test_the_backends_flags() -> None:
+    backend = task_backends["default"]
+    assert isinstance(backend, JobsBackend)
+    assert backend.supports_defer
+    assert backend.supports_priority
+    assert backend.supports_get_result
+    assert backend.supports_async_task

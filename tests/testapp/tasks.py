@@ -1,0 +1,78 @@
+"""``django.tasks`` functions the tests enqueue on JobsBackend (the "default" TASKS alias)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from django_jobs import RetryPolicy
+from django_jobs.tasks_compat import TaskContext, task
+
+from .models import Execution
+
+
+@task
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+@task()
+async def add_async(a: int, b: int) -> int:
+    return a + b
+
+
+@task(priority=5, queue_name="tasks")
+def echo(*args: Any, **kwargs: Any) -> Any:
+    return {"args": args, "kwargs": kwargs}
+
+
+@task
+def boom(message: str) -> None:
+    raise ValueError(message)
+
+
+@task(takes_context=True, retry=RetryPolicy(attempts=3, base_delay=0))
+def flaky(context: TaskContext, succeed_on: int) -> dict[str, Any]:
+    """Fails until attempt ``succeed_on``; returns what its context said."""
+    if context.attempt < succeed_on:
+        raise ConnectionError(f"attempt {context.attempt} failed")
+    return {"attempt": context.attempt, "id": context.task_result.id}
+
+
+@task(retry=RetryPolicy(attempts=5, base_delay=0))
+def bad_return() -> Any:
+    return lambda: True
+
+
+@task
+def returns_bytes() -> bytes:
+    return b"caf\xc3\xa9"
+
+
+@task
+def returns_tuple() -> tuple[int, ...]:
+    return (1, 2, (3, 4))
+
+
+@task(timeout=0.2)
+def too_slow() -> None:
+    time.sleep(0.5)
+
+
+@task(concurrency_key=lambda account, amount: f"account:{account}")
+def debit(account: int, amount: int) -> int:
+    return amount
+
+
+@task(takes_context=True, queue_name="tasks", retry=RetryPolicy(attempts=2, base_delay=0))
+def nap(context: TaskContext, seconds: float) -> int:
+    """Records the attempt, then sleeps: the process tests kill or cancel it mid-way."""
+    Execution.objects.create(
+        run_id=int(context.task_result.id),
+        job_type="nap",
+        attempt=context.attempt,
+        pid=os.getpid(),
+    )
+    time.sleep(seconds)
+    return context.attempt
