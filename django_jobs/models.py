@@ -89,7 +89,9 @@ class JobRun(models.Model):
     max_attempts = models.PositiveIntegerField(default=1)
     # The Worker ids of this run's counted attempts, in order: entry n ran
     # attempt n + 1, so its length always equals ``attempts``.
-    worker_ids = models.JSONField(default=list, blank=True)
+    worker_ids = models.JSONField(
+        default=list, db_default=models.Value([], output_field=models.JSONField()), blank=True
+    )
 
     input = models.JSONField(encoder=DjangoJSONEncoder, default=dict, blank=True)
     output = models.JSONField(encoder=DjangoJSONEncoder, null=True, blank=True)

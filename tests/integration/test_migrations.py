@@ -11,3 +11,22 @@ def test_models_and_migrations_agree() -> None:
     out = StringIO()
     call_command("makemigrations", "django_jobs", "--check", "--dry-run", stdout=out)
     assert "No changes detected" in out.getvalue()
+
+
+@pytest.mark.django_db
+def test_code_from_before_a_new_column_can_still_insert_runs() -> None:
+    """A rolling deploy migrates first, while processes of the previous release
+    still insert runs without naming the new columns: those need database defaults."""
+    from django.db import connection
+
+    from django_jobs.models import JobRun
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO django_jobs_jobrun (job_type, pool, status, priority, attempts, "
+            "max_attempts, input, tags, trigger_source, trigger_ref, close_policy, "
+            "cancel_reason, cancel_cascade) VALUES ('tests.noop', 'default', 'pending', 0, 0, "
+            "1, '{}', '[]', 'api', '', 'terminate', '', true) RETURNING id"
+        )
+        (run_id,) = cursor.fetchone()
+    assert JobRun.objects.get(pk=run_id).worker_ids == []
