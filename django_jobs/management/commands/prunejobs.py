@@ -1,0 +1,88 @@
+"""``manage.py prunejobs``: delete finished runs and their steps, in batches."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from datetime import timedelta
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from django_jobs.models import TERMINAL_STATUSES
+from django_jobs.retention import prune
+
+from .runjobworker import positive_int
+
+UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+DEFAULT_RETENTION = "30d"
+
+
+def duration(value: str) -> timedelta:
+    """``30d``, ``12h``, ``90m``, ``45s``, ``2w``: a positive age."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", value)
+    if match is None or float(match[1]) <= 0:
+        raise argparse.ArgumentTypeError(
+            f"expected an age such as 30d, 12h, 90m, 45s or 2w, got {value!r}"
+        )
+    return timedelta(**{UNITS[match[2]]: float(match[1])})
+
+
+def describe(age: timedelta) -> str:
+    """``age`` in the largest unit that divides it: ``30d``, ``12h``, ``90s``."""
+    seconds = age.total_seconds()
+    for unit, size in (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+class Command(BaseCommand):
+    help = (
+        "Delete runs that finished longer ago than --older-than, with their child runs and "
+        "steps, in batches. Runs with unfinished children are kept."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--older-than",
+            type=duration,
+            default=duration(DEFAULT_RETENTION),
+            metavar="AGE",
+            help=f"finished at least this long ago: 30d, 12h, 90m, 45s, 2w "
+            f"(default: {DEFAULT_RETENTION})",
+        )
+        parser.add_argument(
+            "--status",
+            dest="statuses",
+            action="append",
+            choices=sorted(TERMINAL_STATUSES),
+            help="only runs that ended with this status; repeat for several (default: all four)",
+        )
+        parser.add_argument(
+            "--batch-size",
+            type=positive_int,
+            default=1000,
+            metavar="N",
+            help="top-level runs deleted per transaction (default: 1000)",
+        )
+        parser.add_argument(
+            "--dry-run", action="store_true", help="count what would be deleted; delete nothing"
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        statuses = options["statuses"] or sorted(TERMINAL_STATUSES)
+        result = prune(
+            options["older_than"],
+            statuses=statuses,
+            batch_size=options["batch_size"],
+            dry_run=options["dry_run"],
+        )
+        verb = "Would delete" if options["dry_run"] else "Deleted"
+        self.stdout.write(
+            f"{verb} {result.runs} runs and {result.steps} steps "
+            f"(finished over {describe(options['older_than'])} ago, status {', '.join(statuses)}; "
+            f"{result.batches} batches)."
+        )
+        if result.kept_open:
+            self.stdout.write(f"Kept {result.kept_open} finished runs with unfinished children.")
