@@ -174,7 +174,8 @@ def _claim_statement(pools: Sequence[str] | None, limit: int, plan: int = 0) -> 
     # The ORM refuses to compile FOR UPDATE outside a transaction; nothing runs here.
     ops: Any = connection.ops  # PostgreSQL's, which can quote values into SQL
     with transaction.atomic(using=using):
-        picked_sql = ops.compose_sql(*picked.query.get_compiler(using).as_sql())
+        # The statement is run with parameters, so a "%" of a pool name is doubled.
+        picked_sql = ops.compose_sql(*picked.query.get_compiler(using).as_sql()).replace("%", "%%")
     table = connection.ops.quote_name(JobRun._meta.db_table)
     step_table = connection.ops.quote_name(JobStep._meta.db_table)
     returning = ", ".join(f"run.{connection.ops.quote_name(name)}" for name in CLAIM_FIELDS)

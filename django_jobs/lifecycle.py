@@ -142,15 +142,16 @@ def _announce_canceled(rows: list[tuple[int, str, int]]) -> None:
 def announce(signal: Signal, run_id: int, job_type: str, attempt: int, *, ended: bool) -> None:
     """Send a run signal once its transition is committed; a receiver's error is logged.
 
-    For a run that ``ended``, its handler's ``on_end`` is called too.
+    For a run that ``ended``, its handler's ``on_end`` is called first, so
+    that it sees the ended run before any receiver (which may retry it).
     """
+    if ended:
+        run_ended(job_type, run_id)
     for receiver, result in signal.send_robust(
         JobRun, run_id=run_id, job_type=job_type, attempt=attempt
     ):
         if isinstance(result, Exception):
             logger.error("run=%s signal receiver %r raised %r", run_id, receiver, result)
-    if ended:
-        run_ended(job_type, run_id)
 
 
 def request_cancel(run_ids: Iterable[int], reason: str, *, cascade: bool = True) -> int:

@@ -26,7 +26,7 @@ from django.utils.module_loading import import_string
 from . import api, conf
 from .backoff import NO_RETRY, RetryPolicy
 from .exceptions import InvalidJobInput, InvalidReturnValue
-from .models import JobRun, Status
+from .models import TERMINAL_STATUSES, JobRun, Status
 from .payloads import normalize
 from .registry import JobHandler
 from .tasks_compat import (
@@ -114,8 +114,8 @@ class JobsBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
 
     def get_result(self, result_id: str) -> AnyResult:
         text = str(result_id)
-        # Run ids are bigints; anything else names no run.
-        if not (text.isascii() and text.isdigit() and int(text) < 2**63):
+        # Run ids are bigints, written without leading zeros; anything else names no run.
+        if not (text.isascii() and text.isdigit() and str(int(text)) == text and int(text) < 2**63):
             raise TaskResultDoesNotExist(result_id)
         run = (
             JobRun.objects.using(conf.get().DATABASE)
@@ -237,20 +237,23 @@ def _key(task: AnyTask, data: dict[str, Any]) -> str | None:
 
 def _errors(run: JobRun) -> list[TaskError]:
     """The run's recorded error as a ``TaskError``: the latest attempt's (older ones are gone)."""
-    error = run.error
-    if isinstance(error, dict) and error.get("type"):
-        path = str(error["type"])
-        text = error.get("traceback") or f"{path.rpartition('.')[2]}: {error.get('message', '')}\n"
-        return [TaskError(exception_class_path=path, traceback=text)]
+    error = run.error if isinstance(run.error, dict) else {}
     if run.status == Status.CANCELED:
-        # Canceled before it ran (cancel(), a parent's close policy): no attempt raised.
-        reason = run.cancel_reason or "canceled"
+        # The reason given to cancel() (or a close policy's), then how it ended
+        # when the worker had to fence the run.
+        message = run.cancel_reason or "canceled"
+        if error.get("message") and error["message"] != message:
+            message = f"{message} ({error['message']})"
         return [
             TaskError(
                 exception_class_path="django_jobs.exceptions.JobCanceled",
-                traceback=f"JobCanceled: {reason}\n",
+                traceback=f"JobCanceled: {message}\n",
             )
         ]
+    if error.get("type"):
+        path = str(error["type"])
+        text = error.get("traceback") or f"{path.rpartition('.')[2]}: {error.get('message', '')}\n"
+        return [TaskError(exception_class_path=path, traceback=text)]
     return []
 
 
@@ -294,6 +297,10 @@ def _task_ended(run_id: int) -> None:
     """Send ``task_finished`` once a task's run has ended, whoever ended it."""
     run = JobRun.objects.using(conf.get().DATABASE).filter(pk=run_id).first()
     if run is None or run.trigger_source != TASK_SOURCE:
+        return
+    if run.status not in TERMINAL_STATUSES:
+        # Retried again already (by another process): its next end sends the signal.
+        logger.debug("run=%s was retried before task_finished; not sent", run_id)
         return
     backend = _backend_of(run)
     task_finished.send(type(backend), task_result=backend.result_of(run))

@@ -30,3 +30,26 @@ def test_code_from_before_a_new_column_can_still_insert_runs() -> None:
         )
         (run_id,) = cursor.fetchone()
     assert JobRun.objects.get(pk=run_id).worker_ids == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_0007_gives_unfinished_runs_an_entry_per_counted_attempt() -> None:
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    before, after = ("django_jobs", "0006_lean_indexes"), ("django_jobs", "0007_attempt_workers")
+    executor = MigrationExecutor(connection)
+    leaves = executor.loader.graph.leaf_nodes("django_jobs")
+    executor.migrate([before])
+    try:
+        old = executor.loader.project_state([before]).apps.get_model("django_jobs", "JobRun")
+        retrying = old.objects.create(job_type="tests.noop", status="pending", attempts=2)
+        done = old.objects.create(job_type="tests.noop", status="completed", attempts=1)
+        executor = MigrationExecutor(connection)
+        executor.migrate([after])
+        new = executor.loader.project_state([after]).apps.get_model("django_jobs", "JobRun")
+        assert new.objects.get(pk=retrying.pk).worker_ids == [None, None]
+        assert new.objects.get(pk=done.pk).worker_ids == []
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.migrate(leaves)

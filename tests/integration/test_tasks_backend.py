@@ -17,7 +17,9 @@ from django.utils import timezone
 
 from django_jobs import RetryPolicy, cancel, claims, retry, start
 from django_jobs.exceptions import InvalidReturnValue, JobCanceled, JobTimeout, WorkerLost
+from django_jobs.execution import execute
 from django_jobs.models import JobRun, Status, Worker
+from django_jobs.signals import run_failed
 from django_jobs.tasks_backend import JobsBackend, JobsTask
 from django_jobs.tasks_compat import (
     InvalidTask,
@@ -205,6 +207,34 @@ def test_rescue_of_a_task_whose_worker_died(events: list[Any]) -> None:
     assert events[-1][0::3] == ("finished", TaskResultStatus.FAILED)
 
 
+def test_task_finished_is_not_sent_for_a_run_retried_before_it(events: list[Any]) -> None:
+    retried: list[int] = []
+
+    def retry_once(sender: Any, run_id: int, **kwargs: Any) -> None:
+        if not retried:
+            retried.append(run_id)
+            retry(run_id)
+
+    run_failed.connect(retry_once)
+    try:
+        result = tasks.boom.enqueue("again")
+        (claim,) = claims.claim_batch(claims.register_worker("w", 1, None, 1).pk, None, 1)
+        execute(claim)
+    finally:
+        run_failed.disconnect(retry_once)
+    finished_events = [status for name, _, _, status in events if name == "finished"]
+    assert finished_events == [TaskResultStatus.FAILED]
+    result.refresh()
+    assert result.status == TaskResultStatus.READY
+
+
+def test_a_pool_name_with_a_percent_sign_is_claimed() -> None:
+    result = tasks.add.using(queue_name="50%").enqueue(1, 2)
+    worker = claims.register_worker("w", 1, ["50%"], 1)
+    (claim,) = claims.claim_batch(worker.pk, ["50%"], 1)
+    assert claim.run_id == int(result.id)
+
+
 def test_manual_retry_of_a_failed_task() -> None:
     result = finished(tasks.boom.enqueue("once"))
     run = retry(int(result.id))
@@ -239,7 +269,9 @@ def test_concurrency_key_from_the_tasks_arguments() -> None:
 
 def test_get_result_of_what_is_not_a_task_run() -> None:
     job_run = start("tests.noop")
-    for result_id in [str(job_run.pk), "nope", "-1", "9" * 30, "12345678"]:
+    real = tasks.add.enqueue(1, 1).id
+    assert tasks.add.get_result(real).id == real
+    for result_id in [str(job_run.pk), "nope", "-1", "9" * 30, "12345678", f"0{real}"]:
         with pytest.raises(TaskResultDoesNotExist):
             tasks.add.get_result(result_id)
 

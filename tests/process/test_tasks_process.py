@@ -55,6 +55,7 @@ def test_a_running_task_that_never_checks_is_canceled_after_the_grace(
     result.refresh()
     assert result.status == TaskResultStatus.FAILED
     assert result.errors[0].exception_class is JobCanceled
+    assert result.errors[0].traceback.startswith("JobCanceled: operator (the handler ignored")
     assert result.attempts == 1
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=30) == 0, worker.output()
