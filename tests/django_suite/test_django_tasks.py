@@ -72,6 +72,26 @@ class _WithoutClear:
         pass
 
 
+class _ValidatesOnJobsBackend:
+    """test_validate_on_enqueue / _aenqueue of the dummy and immediate test cases.
+
+    Django's overrode TASKS with the dummy or immediate backend itself: the
+    same check, on JobsBackend.
+    """
+
+    assertRaisesMessage: Any
+
+    def test_validate_on_enqueue(self) -> None:
+        task = django_tasks.noop_task.using(queue_name="unknown_queue")
+        with ONLY_QUEUE_1, self.assertRaisesMessage(InvalidTask, UNKNOWN_QUEUE):
+            task.enqueue()
+
+    async def test_validate_on_aenqueue(self) -> None:
+        task = django_tasks.noop_task.using(queue_name="unknown_queue")
+        with ONLY_QUEUE_1, self.assertRaisesMessage(InvalidTask, UNKNOWN_QUEUE):
+            await task.aenqueue()
+
+
 @override_settings(
     TASKS={
         "default": {"BACKEND": JOBS, "QUEUES": ["default", "queue_1"]},
@@ -133,7 +153,9 @@ class JobsTaskTestCase(_WithoutClear, TestCase, django_test_tasks.TaskTestCase):
 
 
 @override_settings(TASKS={"default": {"BACKEND": JOBS, "QUEUES": []}})
-class JobsAsDummyTestCase(_WithoutClear, TestCase, django_test_dummy.DummyBackendTestCase):
+class JobsAsDummyTestCase(
+    _WithoutClear, _ValidatesOnJobsBackend, TestCase, django_test_dummy.DummyBackendTestCase
+):
     """test_dummy_backend.py: what an enqueue-only backend promises until a worker runs."""
 
     # Asserted the class.
@@ -201,21 +223,11 @@ class JobsAsDummyTestCase(_WithoutClear, TestCase, django_test_dummy.DummyBacken
         with self.assertRaisesMessage(TaskResultDoesNotExist, result.id):
             default_task_backend.get_result(result.id)
 
-    # Overrode TASKS with DummyBackend itself; the same check, on JobsBackend.
-    def test_validate_on_enqueue(self) -> None:
-        task = django_tasks.noop_task.using(queue_name="unknown_queue")
-        with ONLY_QUEUE_1, self.assertRaisesMessage(InvalidTask, UNKNOWN_QUEUE):
-            task.enqueue()
-
-    # As above, through aenqueue().
-    async def test_validate_on_aenqueue(self) -> None:
-        task = django_tasks.noop_task.using(queue_name="unknown_queue")
-        with ONLY_QUEUE_1, self.assertRaisesMessage(InvalidTask, UNKNOWN_QUEUE):
-            await task.aenqueue()
-
 
 @override_settings(TASKS={"default": {"BACKEND": JOBS, "QUEUES": []}})
-class JobsAsImmediateTestCase(TestCase, django_test_immediate.ImmediateBackendTestCase):
+class JobsAsImmediateTestCase(
+    _ValidatesOnJobsBackend, TestCase, django_test_immediate.ImmediateBackendTestCase
+):
     """test_immediate_backend.py: what running a task records, once a worker ran it."""
 
     # Asserted the class.
@@ -394,18 +406,6 @@ class JobsAsImmediateTestCase(TestCase, django_test_immediate.ImmediateBackendTe
         result = finished(django_tasks.test_context.enqueue(1))
         self.assertEqual(result.status, TaskResultStatus.SUCCESSFUL)
 
-    # Overrode TASKS with ImmediateBackend itself; the same check, on JobsBackend.
-    def test_validate_on_enqueue(self) -> None:
-        task = django_tasks.noop_task.using(queue_name="unknown_queue")
-        with ONLY_QUEUE_1, self.assertRaisesMessage(InvalidTask, UNKNOWN_QUEUE):
-            task.enqueue()
-
-    # As above, through aenqueue().
-    async def test_validate_on_aenqueue(self) -> None:
-        task = django_tasks.noop_task.using(queue_name="unknown_queue")
-        with ONLY_QUEUE_1, self.assertRaisesMessage(InvalidTask, UNKNOWN_QUEUE):
-            await task.aenqueue()
-
 
 class JobsAsImmediateTransactionTestCase(django_test_immediate.ImmediateBackendTransactionTestCase):
     # Django's flushes only the tables of available_apps ([] there); a run is a row.
@@ -467,7 +467,7 @@ def counts() -> tuple[int, int]:
     for case in SUITE:
         django_case = next(c for c in case.__mro__ if c.__module__.startswith("tasks."))
         names = {name for name in dir(django_case) if name.startswith("test")}
-        overridden = {name for name in names if name in vars(case)}
+        overridden = {name for name in names if getattr(case, name) != getattr(django_case, name)}
         adapted += len(overridden)
         unchanged += len(names - overridden)
     return unchanged, adapted
