@@ -1,7 +1,9 @@
+from typing import Any
+
 from django.db import migrations, models
 
 
-def backfill_unfinished(apps, schema_editor):
+def backfill_unfinished(apps: Any, schema_editor: Any) -> None:
     """Give unfinished runs one entry per attempt they have already counted.
 
     Their workers were not recorded: the entries are null. Finished runs keep
