@@ -76,6 +76,29 @@ class Worker(models.Model):
         return f"{self.hostname}:{self.pid}"
 
 
+class JobPool(models.Model):
+    """A pool workers claim from; a paused pool's pending runs are left unclaimed.
+
+    Rows are made by workers at start and by ``pausepool``; a pool without a row
+    is simply not paused.
+    """
+
+    name = models.CharField(max_length=100, primary_key=True)
+    paused_at = models.DateTimeField(null=True, blank=True)
+    pause_reason = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["name"]
+        permissions = [("pause_jobpool", "Can pause and resume pools")]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def paused(self) -> bool:
+        return self.paused_at is not None
+
+
 class JobRun(models.Model):
     """One run of a job: its input, state, attempts, lease and outcome."""
 
@@ -125,6 +148,9 @@ class JobRun(models.Model):
     close_policy = models.CharField(
         max_length=16, choices=ClosePolicy.choices, default=ClosePolicy.TERMINATE
     )
+
+    # The handler's latest ctx.set_progress(): {"done", "total", "message", "at"}.
+    progress = models.JSONField(encoder=DjangoJSONEncoder, null=True, blank=True)
 
     # The child runs a waiting run waits for (ctx.wait_for); NULL while it sleeps.
     awaiting = models.JSONField(null=True, blank=True)
