@@ -258,6 +258,7 @@ def retry(run_id: int, *, reset_steps: bool = False, tenant_id: str | None = Non
             lease_token=None,
             claimed_by=None,
             awaiting=None,
+            progress=None,
         )
         if reset_steps:
             JobStep.objects.using(using).filter(run_id=run.pk).delete()

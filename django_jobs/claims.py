@@ -33,13 +33,15 @@ from django.db.models import (
     JSONField,
     OuterRef,
     Q,
+    Subquery,
     Value,
 )
 from django.db.models.functions import Now
 
 from . import conf, sql
-from .models import JobRun, JobStep, Status, Worker, WorkerStatus
+from .models import JobPool, JobRun, JobStep, Status, Worker, WorkerStatus
 from .notify import notify_pools
+from .pools import record_pools
 from .signals import run_failed
 
 logger = logging.getLogger(__name__)
@@ -129,6 +131,10 @@ def claim_batch(
 def _candidates(pools: Sequence[str] | None) -> Any:
     """Due runs of ``pools`` that may be claimed now, in claim order, locked as read."""
     runs = _runs().due(pools)
+    # Runs of a paused pool stay pending. The subquery is part of the statement,
+    # so a pause takes effect at every worker's next claim, with no cache to expire.
+    paused = JobPool.objects.using(_using()).filter(paused_at__isnull=False)
+    runs = runs.exclude(pool__in=Subquery(paused.order_by().values("name")))
     # A run whose concurrency key is running now is not a candidate, so a blocked
     # run is passed over instead of being claimed and put back (no spinning).
     # Checked only for rows that have a key, so the planner does not turn it into
@@ -441,6 +447,9 @@ def register_worker(
         concurrency=concurrency,
     )
     worker.save(using=_using(), force_insert=True)
+    if pools:
+        # The admin's pool list shows every pool a worker has served.
+        record_pools(pools)
     return worker
 
 

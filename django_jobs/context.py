@@ -14,7 +14,7 @@ from django.db import DatabaseError, connections, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from . import api, conf, lifecycle, steps
+from . import api, claims, conf, lifecycle, steps
 from .claims import Claim
 from .exceptions import (
     ChildRunCanceled,
@@ -58,6 +58,25 @@ CHILD_ERRORS: dict[str, type[ChildRunError]] = {
 }
 
 
+# Seconds between two writes of a run's progress (see JobContext.set_progress).
+PROGRESS_INTERVAL = 1.0
+MAX_PROGRESS_MESSAGE = 1000
+
+
+def _progress(done: Any, total: Any, message: Any) -> dict[str, Any]:
+    """The progress record, after checking the handler's values."""
+    for name, value in (("done", done), ("total", total)):
+        if value is None and name == "total":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+            raise ValueError(f"set_progress(): {name} must be a number >= 0, got {value!r}")
+        if value == float("inf"):
+            raise ValueError(f"set_progress(): {name} must be finite, got {value!r}")
+    if not isinstance(message, str):
+        raise ValueError(f"set_progress(): message must be a string, got {message!r}")
+    return {"done": done, "total": total, "message": message[:MAX_PROGRESS_MESSAGE]}
+
+
 class JobContext:
     """The handler's view of one attempt of one run."""
 
@@ -78,6 +97,7 @@ class JobContext:
         self._occurrences: dict[str, int] = {}
         self._seq = 0
         self._steps: dict[str, dict[str, Any]] | None = None
+        self._progress_written: tuple[float, dict[str, Any]] | None = None
 
     @property
     def claim(self) -> Claim:
@@ -121,6 +141,29 @@ class JobContext:
         """Raise ``JobCanceled`` if the run was asked to cancel; call it in long loops."""
         if self._cancel:
             raise JobCanceled(f"run {self.run_id} was asked to cancel")
+
+    # --- progress -----------------------------------------------------------------
+
+    def set_progress(self, done: float, total: float | None = None, message: str = "") -> None:
+        """Record how far the run has got, for the admin and ``jobstatus``.
+
+        Written at once the first time, when ``done`` reaches ``total`` and when
+        the message changes; otherwise at most once per second, so a handler may
+        call it on every item of a long loop.
+        """
+        progress = _progress(done, total, message)
+        now = time.monotonic()
+        last = self._progress_written
+        if last is not None and not (
+            now - last[0] >= PROGRESS_INTERVAL
+            or last[1]["message"] != progress["message"]
+            or (total is not None and done >= total)
+        ):
+            return
+        progress["at"] = timezone.now()
+        if not claims.fenced(self._claim).update(progress=progress):
+            raise LeaseLost(f"run {self.run_id} is no longer held by this worker")
+        self._progress_written = (now, progress)
 
     # --- steps --------------------------------------------------------------------
 

@@ -220,6 +220,13 @@ class JobRun(models.Model):
                     status__in=[Status.FAILED, Status.TIMED_OUT, Status.CANCELED, Status.WAITING]
                 ),
             ),
+            # Serves jobstatus's runs per minute and prunejobs's cutoff. A
+            # finished run enters it once, when it ends.
+            models.Index(
+                fields=["finished_at"],
+                name="django_jobs_run_finished",
+                condition=models.Q(finished_at__isnull=False),
+            ),
             models.Index(
                 fields=["parent"],
                 name="django_jobs_run_parent",

@@ -28,6 +28,7 @@ from .backoff import NO_RETRY, RetryPolicy
 from .exceptions import InvalidJobInput, InvalidReturnValue
 from .models import TERMINAL_STATUSES, JobRun, Status
 from .payloads import normalize
+from .pools import pool_problem
 from .registry import JobHandler
 from .tasks_compat import (
     BaseTaskBackend,
@@ -195,17 +196,6 @@ class JobsBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
                 )
             )
         return messages
-
-
-def pool_problem(name: object) -> str | None:
-    """Why ``name`` cannot be a pool (a queue name), or None."""
-    if not isinstance(name, str) or not name:
-        return "is not a non-empty string"
-    if len(name) > 100:
-        return "is longer than 100 characters"
-    if "\x00" in name:
-        return "contains a NUL character"
-    return None
 
 
 def _validate_options(task: JobsTask) -> None:

@@ -69,3 +69,15 @@ def run_link(run_id: int | None, text: str | None = None) -> SafeString | str:
 
 def run_label(run: JobRun) -> SafeString | str:
     return format_html("{} {} {}", run_link(run.pk), run.job_type, badge(run.status))
+
+
+def progress(value: Any) -> str:
+    """``3 / 12 (25%) copying rows``, from a run's ``progress``; the empty mark when none."""
+    if not isinstance(value, dict) or "done" not in value:
+        return EMPTY
+    done, total = value["done"], value.get("total")
+    text = f"{done:g}" if total is None else f"{done:g} / {total:g}"
+    if total:
+        text += f" ({min(100.0, 100.0 * done / total):.0f}%)"
+    message = value.get("message") or ""
+    return f"{text} {message}" if message else text

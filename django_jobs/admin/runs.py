@@ -19,6 +19,7 @@ from ..registry import all_handlers
 from . import display
 from .display import EMPTY
 from .operations import OperationsMixin
+from .pools import PoolsPageMixin
 
 # Children listed on a run's page; the rest are counted.
 CHILDREN_SHOWN = 50
@@ -96,7 +97,7 @@ class TenantFilter(ExactFilter):
         return [(t, t) for t in tenants if t is not None]
 
 
-class JobRunAdmin(OperationsMixin, admin.ModelAdmin):  # type: ignore[type-arg,misc]
+class JobRunAdmin(PoolsPageMixin, OperationsMixin, admin.ModelAdmin):  # type: ignore[type-arg,misc]
     list_display = [
         "id",
         "job_type",
@@ -108,6 +109,7 @@ class JobRunAdmin(OperationsMixin, admin.ModelAdmin):  # type: ignore[type-arg,m
         "started_at",
         "finished_at",
         "duration",
+        "progress_display",
     ]
     list_display_links = ["id", "job_type"]
     list_filter = ["status", PoolFilter, JobTypeFilter, TenantFilter, "created_at"]
@@ -158,6 +160,7 @@ class JobRunAdmin(OperationsMixin, admin.ModelAdmin):  # type: ignore[type-arg,m
                     "started_at",
                     "finished_at",
                     "duration",
+                    "progress_display",
                     "cancel_requested_at",
                     "cancel_reason",
                 ]
@@ -231,6 +234,10 @@ class JobRunAdmin(OperationsMixin, admin.ModelAdmin):  # type: ignore[type-arg,m
     @admin.display(description="duration")
     def duration(self, run: JobRun) -> str:
         return display.duration(run.started_at, run.finished_at)
+
+    @admin.display(description="progress")
+    def progress_display(self, run: JobRun) -> str:
+        return display.progress(run.progress)
 
     # --- the run page -------------------------------------------------------------
 
@@ -341,29 +348,3 @@ class JobRunAdmin(OperationsMixin, admin.ModelAdmin):  # type: ignore[type-arg,m
         run = self.get_object(request, object_id)
         extra = {**(extra_context or {}), "run_operations": self.run_operations(request, run)}
         return super().change_view(request, object_id, form_url, extra)
-
-    def get_urls(self) -> list[Any]:
-        from django.urls import path
-
-        pools = path(
-            "pools/",
-            self.admin_site.admin_view(self.pools_view),
-            name="django_jobs_jobrun_pools",
-        )
-        return [pools, *super().get_urls()]
-
-    def pools_view(self, request: HttpRequest) -> Any:
-        from django.core.exceptions import PermissionDenied
-        from django.template.response import TemplateResponse
-
-        from .workers import pool_overview
-
-        if not self.has_view_permission(request):
-            raise PermissionDenied
-        context = {
-            **self.admin_site.each_context(request),
-            "title": "Pools",
-            "opts": self.opts,
-            "pools": pool_overview(),
-        }
-        return TemplateResponse(request, "admin/django_jobs/jobrun/pools.html", context)

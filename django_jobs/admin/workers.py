@@ -1,12 +1,11 @@
-"""WorkerAdmin, and the per-pool overview page."""
+"""WorkerAdmin: the workers, their heartbeats and the runs they hold."""
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 from django.contrib import admin
-from django.db.models import Count, Min, OuterRef, QuerySet, Subquery
+from django.db.models import Count, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.http import HttpRequest
 from django.utils import timezone
@@ -96,59 +95,3 @@ class WorkerAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         if not runs:
             return EMPTY
         return format_html_join(", ", "{}", ((display.run_label(run),) for run in runs))
-
-
-def pool_overview() -> list[dict[str, Any]]:
-    """Per pool: unfinished runs by status, oldest due pending run, recent failures, workers."""
-    runs = JobRun.objects.using(conf.get().DATABASE)
-    now = timezone.now()
-    pools: dict[str, dict[str, Any]] = {}
-
-    def pool(name: str) -> dict[str, Any]:
-        return pools.setdefault(
-            name,
-            {
-                "pool": name,
-                "pending": 0,
-                "running": 0,
-                "waiting": 0,
-                "failed_last_hour": 0,
-                "oldest_due": None,
-                "workers": 0,
-            },
-        )
-
-    unfinished = (
-        runs.filter(status__in=[Status.PENDING, Status.RUNNING, Status.WAITING])
-        .values("pool", "status")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
-    for counted in unfinished:
-        pool(counted["pool"])[counted["status"]] = counted["n"]
-    due = (
-        runs.filter(status=Status.PENDING, run_at__lte=now)
-        .values("pool")
-        .annotate(oldest=Min("run_at"))
-        .order_by()
-    )
-    for oldest in due:
-        pool(oldest["pool"])["oldest_due"] = display.duration(oldest["oldest"], now)
-    failed = (
-        runs.filter(
-            status__in=[Status.FAILED, Status.TIMED_OUT],
-            finished_at__gte=now - timedelta(hours=1),
-        )
-        .values("pool")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
-    for failures in failed:
-        pool(failures["pool"])["failed_last_hour"] = failures["n"]
-    live = Worker.objects.using(conf.get().DATABASE).filter(
-        status__in=[WorkerStatus.RUNNING, WorkerStatus.STOPPING]
-    )
-    for pools_of_worker in live.values_list("pools", flat=True):
-        for name in pools_of_worker or []:
-            pool(name)["workers"] += 1
-    return [pools[name] for name in sorted(pools)]

@@ -158,10 +158,10 @@ def test_workers_and_pools_pages(operator: Client) -> None:
     assert str(worker) in workers.content.decode()
     pools = operator.get(reverse("admin:django_jobs_jobrun_pools"))
     assert pools.status_code == 200
-    rows = {p["pool"]: p for p in pools.context["pools"]}
-    assert rows["default"]["running"] == 1
-    assert rows["mail"]["pending"] == 1
-    assert rows["mail"]["workers"] == 1
+    rows = {row["status"].name: row["status"] for row in pools.context["pools"]}
+    assert rows["default"].counts["running"] == 1
+    assert rows["mail"].counts["pending"] == 1
+    assert rows["mail"].workers == 1
 
 
 # --- actions ----------------------------------------------------------------------

@@ -236,3 +236,12 @@ def chaos(ctx: JobContext) -> int:
 
         total += ctx.step(name, work)
     return total
+
+
+@job("tests.progress")
+def progress(ctx: JobContext) -> int:
+    """Report progress over ``items`` items, with a message at the end."""
+    items = ctx.input.get("items", 3)
+    for done in range(1, items + 1):
+        ctx.set_progress(done, items, message="" if done < items else "all done")
+    return items

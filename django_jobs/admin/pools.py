@@ -1,0 +1,89 @@
+"""The admin's pools page: per pool, runs by status, lag, throughput and workers; pause/resume.
+
+Pausing and resuming go through ``django_jobs.pools`` and need the
+``django_jobs.pause_jobpool`` permission.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path
+
+from ..pools import pause_pool, pool_problem, resume_pool
+from ..status import age, snapshot
+
+# Finished runs and runs/min on the pools page count over this span.
+POOLS_WINDOW = timedelta(minutes=5)
+
+
+class PoolsPageMixin:
+    """Adds ``pools/`` to the runs admin (``admin:django_jobs_jobrun_pools``)."""
+
+    admin_site: admin.AdminSite
+    opts: Any
+
+    def get_urls(self) -> list[URLPattern]:
+        pools = path(
+            "pools/",
+            self.admin_site.admin_view(self.pools_view),
+            name="django_jobs_jobrun_pools",
+        )
+        return [pools, *super().get_urls()]  # type: ignore[misc]
+
+    def has_pause_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm("django_jobs.pause_jobpool"))
+
+    def pools_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_permission(request):  # type: ignore[attr-defined]
+            raise PermissionDenied
+        if request.method == "POST":
+            if not self.has_pause_permission(request):
+                raise PermissionDenied
+            self._pause_or_resume(request)
+            return HttpResponseRedirect(request.path)
+        shot = snapshot(window=POOLS_WINDOW)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Pools",
+            "opts": self.opts,
+            "pools": [
+                {
+                    "status": pool,
+                    "oldest": age(pool.oldest_pending),
+                    "runs_per_minute": shot.runs_per_minute(pool),
+                }
+                for pool in shot.pools
+            ],
+            "window_minutes": int(POOLS_WINDOW.total_seconds() // 60),
+            "can_pause": self.has_pause_permission(request),
+        }
+        return TemplateResponse(request, "admin/django_jobs/jobrun/pools.html", context)
+
+    def _pause_or_resume(self, request: HttpRequest) -> None:
+        name = request.POST.get("pool", "")
+        operation = request.POST.get("operation")
+        problem = pool_problem(name)
+        if problem is not None:
+            self._tell(request, f"Pool {name!r} {problem}.", messages.ERROR)
+        elif operation == "pause":
+            reason = request.POST.get("reason", "").strip()
+            if pause_pool(name, reason=reason):
+                self._tell(request, f"Paused pool {name!r}: workers stop claiming its runs.")
+            else:
+                self._tell(request, f"Pool {name!r} was paused already.", messages.WARNING)
+        elif operation == "resume":
+            if resume_pool(name):
+                self._tell(request, f"Resumed pool {name!r}.")
+            else:
+                self._tell(request, f"Pool {name!r} was not paused.", messages.WARNING)
+        else:
+            self._tell(request, f"Unknown operation {operation!r}.", messages.ERROR)
+
+    def _tell(self, request: HttpRequest, message: str, level: int = messages.INFO) -> None:
+        self.message_user(request, message, level)  # type: ignore[attr-defined]

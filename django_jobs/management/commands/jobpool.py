@@ -1,0 +1,52 @@
+"""``manage.py jobpool pause|resume|list``: stop and restart claiming from pools."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from django_jobs.pools import pause_pool, paused_pools, resume_pool
+
+from .runjobworker import pool_name
+
+
+class Command(BaseCommand):
+    help = (
+        "Pause a pool (workers stop claiming its pending runs; running runs finish), "
+        "resume it, or list the paused pools."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+        pause = actions.add_parser("pause", help="stop workers claiming runs of these pools")
+        pause.add_argument("pools", nargs="+", type=pool_name, metavar="POOL")
+        pause.add_argument("--reason", default="", help="shown in the admin and in jobstatus")
+        resume = actions.add_parser("resume", help="let workers claim runs of these pools again")
+        resume.add_argument("pools", nargs="+", type=pool_name, metavar="POOL")
+        actions.add_parser("list", help="list the paused pools")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        action = options["action"]
+        if action == "list":
+            self._list()
+            return
+        for name in options["pools"]:
+            if action == "pause":
+                changed = pause_pool(name, reason=options["reason"])
+                self.stdout.write(
+                    f"Paused {name!r}." if changed else f"{name!r} was paused already."
+                )
+            else:
+                changed = resume_pool(name)
+                self.stdout.write(f"Resumed {name!r}." if changed else f"{name!r} was not paused.")
+
+    def _list(self) -> None:
+        paused = paused_pools()
+        if not paused:
+            self.stdout.write("No pool is paused.")
+        for pool in paused.values():
+            reason = f": {pool.pause_reason}" if pool.pause_reason else ""
+            self.stdout.write(
+                f"{pool.name} paused since {pool.paused_at:%Y-%m-%d %H:%M:%S %Z}{reason}"
+            )

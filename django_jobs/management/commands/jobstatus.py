@@ -1,0 +1,128 @@
+"""``manage.py jobstatus``: per pool, runs by status, lag, throughput, workers and progress."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from django_jobs.status import FINISHED, Snapshot, age, snapshot
+
+from .prunejobs import describe, duration
+from .runjobworker import pool_name, positive_float
+
+COLUMNS = ["pool", "state", "pending", "oldest", "running", "waiting", *FINISHED, "runs/min"]
+
+
+def table(rows: list[list[str]]) -> list[str]:
+    """Left-aligned first column, right-aligned numbers, two spaces apart."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(
+            cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row)
+        ).rstrip()
+        for row in rows
+    ]
+
+
+def render(shot: Snapshot) -> str:
+    """The snapshot as the text ``jobstatus`` prints."""
+    window = describe(shot.window)
+    header = [c if c not in FINISHED else f"{c}/{window}" for c in COLUMNS] + ["workers"]
+    rows = [header]
+    for pool in shot.pools:
+        rows.append(
+            [
+                pool.name,
+                "paused" if pool.paused else "active",
+                str(pool.counts["pending"]),
+                age(pool.oldest_pending),
+                str(pool.counts["running"]),
+                str(pool.counts["waiting"]),
+                *(str(pool.counts[status]) for status in FINISHED),
+                f"{shot.runs_per_minute(pool):.1f}",
+                str(pool.workers),
+            ]
+        )
+    lines = [f"django_jobs at {shot.taken_at:%Y-%m-%d %H:%M:%S %Z}", ""]
+    lines += table(rows) if shot.pools else ["No pool has runs, workers or a pool row."]
+    for pool in shot.pools:
+        if pool.paused_at is not None:
+            reason = f": {pool.pause_reason}" if pool.pause_reason else ""
+            lines.append(f"  {pool.name} paused for {age(shot.taken_at - pool.paused_at)}{reason}")
+    lines += ["", f"Workers ({len(shot.workers)})"]
+    for worker in shot.workers:
+        pools = ", ".join(worker.pools) or "all pools"
+        flag = "  STALE" if worker.stale else ""
+        lines.append(
+            f"  {worker.name}  {worker.status}  {pools}  concurrency {worker.concurrency}  "
+            f"heartbeat {age(worker.heartbeat_age)} ago{flag}"
+        )
+    if shot.progress:
+        lines += ["", "Progress"]
+        for run in shot.progress:
+            total = "" if run.total is None else f"/{run.total:g}"
+            percent = "" if run.percent is None else f" {run.percent:.0f}%"
+            message = f"  {run.message}" if run.message else ""
+            lines.append(
+                f"  #{run.run_id} {run.job_type} ({run.pool})  {run.done:g}{total}{percent}"
+                f"  running {age(run.running_for)}{message}"
+            )
+    return "\n".join(lines)
+
+
+class Command(BaseCommand):
+    help = (
+        "Show, per pool, runs by status (finished ones within --window), the age of the "
+        "oldest due pending run, runs per minute, live workers and running runs' progress."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--pool",
+            dest="pools",
+            action="append",
+            type=pool_name,
+            help="only this pool; repeat for several (default: all)",
+        )
+        parser.add_argument(
+            "--window",
+            type=duration,
+            default=duration("5m"),
+            metavar="AGE",
+            help="count finished runs and runs/min over this span: 5m, 1h, 90s (default: 5m)",
+        )
+        parser.add_argument(
+            "--watch",
+            nargs="?",
+            const=2.0,
+            type=positive_float,
+            metavar="SECONDS",
+            help="print again every SECONDS (default 2) until interrupted",
+        )
+        parser.add_argument(
+            "--json", action="store_true", help="print JSON (one document per line with --watch)"
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            while True:
+                self._show(options)
+                if not options["watch"]:
+                    return
+                self.stdout.flush()
+                time.sleep(options["watch"])
+        except KeyboardInterrupt:
+            return
+
+    def _show(self, options: dict[str, Any]) -> None:
+        shot = snapshot(window=options["window"], pools=options["pools"])
+        if options["json"]:
+            self.stdout.write(json.dumps(shot.as_json()))
+            return
+        if options["watch"]:
+            # Clear the terminal; piped output gets a blank line between snapshots.
+            self.stdout.write("\x1b[H\x1b[2J" if self.stdout.isatty() else "\n", ending="")
+        self.stdout.write(render(shot))

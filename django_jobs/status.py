@@ -1,0 +1,254 @@
+"""What the queue looks like now, per pool: read by ``jobstatus`` and the admin's pools page.
+
+Every query is served by a partial index (pending, running and waiting runs,
+runs finished recently), so a snapshot costs the same with a year of history
+as with a day of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Count, Min
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from . import conf
+from .models import JobPool, JobRun, Status, Worker, WorkerStatus
+
+UNFINISHED = (Status.PENDING, Status.RUNNING, Status.WAITING)
+FINISHED = (Status.COMPLETED, Status.FAILED, Status.TIMED_OUT, Status.CANCELED)
+PROGRESS_LIMIT = 50
+
+
+@dataclass
+class PoolStatus:
+    """One pool: runs by status (unfinished now, finished within the window), lag, workers."""
+
+    name: str
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(UNFINISHED + FINISHED, 0))
+    # Age of the oldest pending run that is due: how far behind the pool is.
+    oldest_pending: timedelta | None = None
+    workers: int = 0
+    paused_at: datetime | None = None
+    pause_reason: str = ""
+
+    @property
+    def paused(self) -> bool:
+        return self.paused_at is not None
+
+    def finished(self) -> int:
+        return sum(self.counts[status] for status in FINISHED)
+
+
+@dataclass(frozen=True)
+class WorkerState:
+    id: str
+    name: str
+    pools: list[str]
+    concurrency: int
+    status: str
+    heartbeat_age: timedelta
+    # Silent for longer than STALE_THRESHOLD: its runs are about to be rescued.
+    stale: bool
+
+
+@dataclass(frozen=True)
+class RunProgress:
+    run_id: int
+    job_type: str
+    pool: str
+    attempt: int
+    running_for: timedelta | None
+    done: float
+    total: float | None
+    message: str
+    updated: datetime | None
+
+    @property
+    def percent(self) -> float | None:
+        if not self.total:
+            return None
+        return min(100.0, 100.0 * self.done / self.total)
+
+
+@dataclass
+class Snapshot:
+    taken_at: datetime
+    window: timedelta
+    pools: list[PoolStatus]
+    workers: list[WorkerState]
+    progress: list[RunProgress]
+
+    def runs_per_minute(self, pool: PoolStatus) -> float:
+        """Runs of ``pool`` that finished within the window, per minute."""
+        return pool.finished() / (self.window.total_seconds() / 60)
+
+    def as_json(self) -> dict[str, Any]:
+        """The snapshot as plain JSON types (``jobstatus --json``); durations in seconds."""
+        return {
+            "taken_at": self.taken_at.isoformat(),
+            "window_seconds": self.window.total_seconds(),
+            "pools": [
+                {
+                    "pool": pool.name,
+                    "paused": pool.paused,
+                    "paused_at": pool.paused_at.isoformat() if pool.paused_at else None,
+                    "pause_reason": pool.pause_reason,
+                    "counts": pool.counts,
+                    "oldest_pending_seconds": _seconds(pool.oldest_pending),
+                    "runs_per_minute": round(self.runs_per_minute(pool), 3),
+                    "workers": pool.workers,
+                }
+                for pool in self.pools
+            ],
+            "workers": [
+                {
+                    "id": worker.id,
+                    "name": worker.name,
+                    "pools": worker.pools,
+                    "concurrency": worker.concurrency,
+                    "status": worker.status,
+                    "heartbeat_age_seconds": _seconds(worker.heartbeat_age),
+                    "stale": worker.stale,
+                }
+                for worker in self.workers
+            ],
+            "progress": [
+                {
+                    "run_id": run.run_id,
+                    "job_type": run.job_type,
+                    "pool": run.pool,
+                    "attempt": run.attempt,
+                    "running_seconds": _seconds(run.running_for),
+                    "done": run.done,
+                    "total": run.total,
+                    "message": run.message,
+                    "updated_at": run.updated.isoformat() if run.updated else None,
+                }
+                for run in self.progress
+            ],
+        }
+
+
+def age(value: timedelta | None) -> str:
+    """A short age: ``4s``, ``12m``, ``3h``, ``2d``; ``-`` for none."""
+    if value is None:
+        return "-"
+    seconds = value.total_seconds()
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def _seconds(value: timedelta | None) -> float | None:
+    return None if value is None else round(value.total_seconds(), 3)
+
+
+def snapshot(
+    *, window: timedelta = timedelta(minutes=5), pools: list[str] | None = None
+) -> Snapshot:
+    """Read the queue's state now; ``pools`` limits it to those pools."""
+    if window.total_seconds() <= 0:
+        raise ValueError(f"window must be positive, got {window!r}")
+    now = timezone.now()
+    found: dict[str, PoolStatus] = {}
+
+    def pool(name: str) -> PoolStatus:
+        return found.setdefault(name, PoolStatus(name))
+
+    runs = JobRun.objects.using(conf.get().DATABASE).order_by()
+    if pools is not None:
+        runs = runs.filter(pool__in=pools)
+    # One query per status, so that each is served by that status's partial index.
+    for status in UNFINISHED:
+        for row in runs.filter(status=status).values("pool").annotate(n=Count("id")):
+            pool(row["pool"]).counts[status] = row["n"]
+    due = runs.filter(status=Status.PENDING, run_at__lte=now).values("pool")
+    for oldest in due.annotate(oldest=Min("run_at")):
+        pool(oldest["pool"]).oldest_pending = max(now - oldest["oldest"], timedelta(0))
+    recent = runs.filter(finished_at__gte=now - window).values("pool", "status")
+    for finished in recent.annotate(n=Count("id")):
+        pool(finished["pool"]).counts[finished["status"]] = finished["n"]
+    workers = _workers(now, pools)
+    for worker in workers:
+        if not worker.stale:
+            for name in worker.pools:
+                if pools is None or name in pools:
+                    pool(name).workers += 1
+    _add_pool_rows(pool, pools)
+    return Snapshot(
+        taken_at=now,
+        window=window,
+        pools=[found[name] for name in sorted(found)],
+        workers=workers,
+        progress=_progress(runs, now),
+    )
+
+
+def _add_pool_rows(pool: Any, pools: list[str] | None) -> None:
+    """Pools known from their rows (paused ones, or served before) appear even when idle."""
+    rows = JobPool.objects.using(conf.get().DATABASE)
+    if pools is not None:
+        rows = rows.filter(name__in=pools)
+    for row in rows:
+        status = pool(row.name)
+        status.paused_at = row.paused_at
+        status.pause_reason = row.pause_reason
+
+
+def _workers(now: datetime, pools: list[str] | None) -> list[WorkerState]:
+    stale_after = timedelta(seconds=conf.get().STALE_THRESHOLD)
+    live = Worker.objects.using(conf.get().DATABASE).filter(
+        status__in=[WorkerStatus.RUNNING, WorkerStatus.STOPPING]
+    )
+    states = []
+    for worker in live.order_by("hostname", "pid"):
+        if pools is not None and worker.pools and not set(worker.pools) & set(pools):
+            continue
+        age = max(now - worker.heartbeat_at, timedelta(0))
+        states.append(
+            WorkerState(
+                id=str(worker.pk),
+                name=str(worker),
+                pools=list(worker.pools or []),
+                concurrency=worker.concurrency,
+                status=worker.status,
+                heartbeat_age=age,
+                stale=age > stale_after,
+            )
+        )
+    return states
+
+
+def _progress(runs: Any, now: datetime) -> list[RunProgress]:
+    """Running runs that reported progress, most recently started first."""
+    rows = (
+        runs.filter(status=Status.RUNNING, progress__isnull=False)
+        .values("id", "job_type", "pool", "attempts", "started_at", "progress")
+        .order_by("-started_at")[:PROGRESS_LIMIT]
+    )
+    found = []
+    for row in rows:
+        progress = row["progress"] or {}
+        found.append(
+            RunProgress(
+                run_id=row["id"],
+                job_type=row["job_type"],
+                pool=row["pool"],
+                attempt=row["attempts"],
+                running_for=now - row["started_at"] if row["started_at"] else None,
+                done=progress.get("done", 0),
+                total=progress.get("total"),
+                message=progress.get("message", ""),
+                updated=_parsed(progress.get("at")),
+            )
+        )
+    return found
+
+
+def _parsed(value: Any) -> datetime | None:
+    return parse_datetime(value) if isinstance(value, str) else None

@@ -1,0 +1,171 @@
+"""``status.snapshot`` and ``manage.py jobstatus``: counts, lag, throughput, workers, progress."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import timedelta
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.utils import timezone
+
+from django_jobs.models import Status, WorkerStatus
+from django_jobs.pools import pause_pool
+from django_jobs.status import snapshot
+from tests.factories import JobRunFactory, RunningJobRunFactory, WorkerFactory
+
+pytestmark = pytest.mark.django_db
+
+NOW = timezone.now()
+
+
+def populate() -> None:
+    """Two pools with runs in every state, old and recent, and three workers."""
+    live = WorkerFactory(pools=["default", "mail"], concurrency=8)
+    WorkerFactory(pools=["mail"], heartbeat_at=NOW - timedelta(minutes=5))  # stale
+    WorkerFactory(pools=["mail"], status=WorkerStatus.STOPPED)
+    JobRunFactory(run_at=NOW - timedelta(seconds=90))
+    JobRunFactory(run_at=NOW - timedelta(seconds=30))
+    JobRunFactory(run_at=NOW + timedelta(hours=1))  # pending, not due: no lag
+    RunningJobRunFactory(
+        claimed_by=live, progress={"done": 3, "total": 4, "message": "almost", "at": NOW}
+    )
+    JobRunFactory(pool="mail", status=Status.WAITING)
+    for minutes, status in [(1, Status.COMPLETED), (2, Status.COMPLETED), (3, Status.FAILED)]:
+        JobRunFactory(status=status, finished_at=NOW - timedelta(minutes=minutes))
+    JobRunFactory(status=Status.COMPLETED, finished_at=NOW - timedelta(hours=2))  # outside
+    JobRunFactory(pool="mail", status=Status.TIMED_OUT, finished_at=NOW - timedelta(seconds=5))
+
+
+def test_the_snapshot_counts_per_pool() -> None:
+    populate()
+    pause_pool("reports", reason="quarter end")
+    shot = snapshot(window=timedelta(minutes=5))
+    pools = {pool.name: pool for pool in shot.pools}
+    assert list(pools) == ["default", "mail", "reports"]
+    default, mail, reports = pools["default"], pools["mail"], pools["reports"]
+    assert default.counts == {
+        "pending": 3,
+        "running": 1,
+        "waiting": 0,
+        "completed": 2,
+        "failed": 1,
+        "timed_out": 0,
+        "canceled": 0,
+    }
+    assert default.oldest_pending is not None
+    assert timedelta(seconds=90) <= default.oldest_pending < timedelta(minutes=10)
+    assert shot.runs_per_minute(default) == pytest.approx(3 / 5)
+    assert default.workers == 1
+    assert (mail.counts["waiting"], mail.counts["timed_out"], mail.workers) == (1, 1, 1)
+    assert mail.oldest_pending is None
+    assert (reports.paused, reports.pause_reason, reports.finished()) == (True, "quarter end", 0)
+    assert [w.stale for w in shot.workers] == [False, True]
+    (progress,) = shot.progress
+    assert (progress.done, progress.total, progress.message, progress.percent) == (
+        3,
+        4,
+        "almost",
+        75.0,
+    )
+
+
+def test_the_snapshot_can_be_limited_to_pools_and_has_a_short_window() -> None:
+    populate()
+    shot = snapshot(window=timedelta(seconds=30), pools=["mail"])
+    assert [pool.name for pool in shot.pools] == ["mail"]
+    assert shot.pools[0].counts["timed_out"] == 1
+    assert shot.progress == []  # the running run is in "default"
+    with pytest.raises(ValueError, match="window"):
+        snapshot(window=timedelta(0))
+
+
+def test_an_empty_queue_has_an_empty_snapshot() -> None:
+    shot = snapshot()
+    assert (shot.pools, shot.workers, shot.progress) == ([], [], [])
+
+
+def jobstatus(*args: str) -> str:
+    out = StringIO()
+    call_command("jobstatus", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_jobstatus_prints_a_table_workers_and_progress() -> None:
+    populate()
+    pause_pool("mail", reason="smtp down")
+    text = jobstatus()
+    lines = text.splitlines()
+    header = next(line for line in lines if line.startswith("pool"))
+    assert header.split() == [
+        "pool",
+        "state",
+        "pending",
+        "oldest",
+        "running",
+        "waiting",
+        "completed/5m",
+        "failed/5m",
+        "timed_out/5m",
+        "canceled/5m",
+        "runs/min",
+        "workers",
+    ]
+    default = next(line for line in lines if line.startswith("default"))
+    assert default.split()[:3] == ["default", "active", "3"]
+    assert default.split()[4:] == ["1", "0", "2", "1", "0", "0", "0.6", "1"]
+    assert next(line for line in lines if line.startswith("mail")).split()[1] == "paused"
+    assert "mail paused for" in text
+    assert "smtp down" in text
+    assert "Workers (2)" in text
+    assert "STALE" in text
+    assert "3/4 75%" in text
+    assert "almost" in text
+
+
+def test_jobstatus_json_is_one_document_with_every_number() -> None:
+    populate()
+    data = json.loads(jobstatus("--json", "--window", "10m"))
+    assert data["window_seconds"] == 600
+    default = next(pool for pool in data["pools"] if pool["pool"] == "default")
+    assert default["counts"]["completed"] == 2
+    assert default["runs_per_minute"] == pytest.approx(0.3)
+    assert default["oldest_pending_seconds"] >= 90
+    assert default["paused"] is False
+    assert {worker["stale"] for worker in data["workers"]} == {True, False}
+    assert data["progress"][0]["total"] == 4
+
+
+def test_jobstatus_watch_prints_until_interrupted(monkeypatch: pytest.MonkeyPatch) -> None:
+    populate()
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        if len(sleeps) == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    lines = jobstatus("--watch", "0.5", "--json").splitlines()
+    assert len(lines) == 3
+    assert all(json.loads(line)["pools"] for line in lines)
+    assert sleeps == [0.5, 0.5, 0.5]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--window", "0m"],
+        ["--window", "soon"],
+        ["--watch", "0"],
+        ["--watch", "-1"],
+        ["--pool", ""],
+        ["--colour"],
+    ],
+)
+def test_jobstatus_refuses_bad_flags(args: list[str], capsys: Any) -> None:
+    with pytest.raises(CommandError):
+        call_command("jobstatus", *args)
