@@ -1,23 +1,36 @@
-"""Run the Python examples of the concept pages in docs/, so the docs cannot rot.
+"""Run every Python example of the documentation, so the docs cannot rot.
 
-Every ```python block of the pages in PAGES is one test, with the id
+Every ```python block of every page under docs/ is one test, with the id
 ``<page>:<n>`` for the n-th ```python block of that page, counted from 1. A
-block runs like a script, in a fresh namespace, and proves itself with plain
-``assert`` statements. It may define handlers with ``@job`` (job types starting
-with ``docs.``; they are unregistered after the test), connect receivers to
-the ``django_jobs.signals`` (disconnected after the test), start runs and run
-them with ``django_jobs.testing.drain()``. Each test gets a real database with
-real transactions, emptied afterwards. A failing block's traceback points at
-the line of the page.
+block runs like a module (it is one, in ``sys.modules``, while it runs, so
+``@task`` functions can be imported by their path), in a fresh namespace, and
+proves itself with plain ``assert`` statements; a zero-argument function
+named ``test_*`` that it defines is called afterwards, as pytest would. It may
+define handlers with ``@job`` (unregistered after the test), connect
+receivers to the ``django_jobs.signals`` (disconnected after the test), start
+runs and run them with ``django_jobs.testing.drain()``. Each test gets a real
+database with real transactions, emptied afterwards. A failing block's
+traceback points at the line of the page.
 
-Blocks that are not meant to run (settings fragments, shell sessions,
-signatures) use another fence language (```text, ```console), or have the
-marker comment
+A block whose first line is ``# settings.py`` is a settings fragment: it is
+executed, then its ``DJANGO_JOBS``, ``TASKS`` and other settings are checked
+with django_jobs' system checks (no error may remain), ``INSTALLED_APPS`` must
+name ``django_jobs`` and ``USE_TZ`` may only be ``True``.
 
-    <!-- docs-test: skip -->
+An HTML comment on the line just above a ```python fence (it renders as
+nothing) changes how the block runs:
 
-on the line just above their ```python fence (it renders as nothing); they
-still count in the numbering.
+    <!-- docs-test: continue -->
+
+runs every earlier ```python block of the page first (skipped ones excepted),
+in the same namespace (a tutorial that builds on its earlier blocks), and
+
+    <!-- docs-test: skip: the reason, for the reader of the Markdown -->
+
+does not run the block; the reason is required, and every skipped block is
+listed in SKIPPED below with the text it must contain, so a new skip is a
+reviewed change of this file. Skipped blocks still count in the numbering.
+Other fence languages (```text, ```console, ```sql, unlabelled) never run.
 
 EXTRA_CHECKS run after a block, in its namespace, to exercise what the page
 claims but the example cannot show with ``drain()``: a real worker in a thread,
@@ -30,8 +43,10 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 import textwrap
 import threading
+import types
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -39,15 +54,20 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import django
 import pytest
+from django.core.checks import run_checks
+from django.core.management.base import CommandError
 from django.db import IntegrityError, connections, transaction
 from django.dispatch import Signal
+from django.test import override_settings
 
 import django_jobs
-from django_jobs import claims, lifecycle, registry
+from django_jobs import claims, conf, lifecycle, registry
 from django_jobs import signals as job_signals
 from django_jobs.api import cancel
 from django_jobs.models import JobRun, JobStep, Status
+from django_jobs.models import Worker as WorkerRow
 from django_jobs.testing import drain
 from django_jobs.worker import Worker
 from tests.factories import WorkerFactory
@@ -57,13 +77,24 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-PAGES = ("steps.md", "children.md", "cancellation.md", "timeouts.md", "keys.md", "signals.md")
-SKIP_MARKER = "<!-- docs-test: skip -->"
+PAGES = tuple(
+    sorted(
+        path.relative_to(DOCS).as_posix()
+        for path in DOCS.rglob("*.md")
+        if "_build" not in path.parts
+    )
+)
 FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w+-]*)\s*$")
+MARKER = re.compile(r"^<!-- docs-test: (?P<verb>skip|continue)(?::(?P<reason>.*?))? -->$")
+SETTINGS_FRAGMENT = "# settings.py"
 # The package-level names DESIGN.md promises ("Public names").
 CONTRACT_NAMES = frozenset(
     {"JobContext", "RetryPolicy", "cancel", "job", "retry", "start", "start_many"}
 )
+# block id -> text the block must contain: every skipped block, reviewed.
+SKIPPED: dict[str, str] = {
+    "from-celery.md:1": "from celery import shared_task",
+}
 
 
 @dataclass(frozen=True)
@@ -72,11 +103,16 @@ class Example:
     number: int
     line: int  # of the first line of code in the page, from 1
     source: str
-    skip: bool
+    skip_reason: str | None = None
+    continues: bool = False
 
     @property
     def id(self) -> str:
         return f"{self.page}:{self.number}"
+
+    @property
+    def is_settings(self) -> bool:
+        return self.source.lstrip().startswith(SETTINGS_FRAGMENT)
 
 
 def extract(page: str) -> list[Example]:
@@ -85,6 +121,14 @@ def extract(page: str) -> list[Example]:
     examples: list[Example] = []
     i = 0
     while i < len(lines):
+        marker = MARKER.match(lines[i].strip())
+        if lines[i].strip().startswith("<!-- docs-test"):
+            following = FENCE.match(lines[i + 1]) if i + 1 < len(lines) else None
+            assert marker, f"{page}:{i + 1}: unknown marker {lines[i].strip()!r}"
+            lang = following["lang"] if following else None
+            assert lang == "python", (
+                f"{page}:{i + 1}: a docs-test marker must be just above a ```python fence"
+            )
         match = FENCE.match(lines[i])
         if match is None:
             i += 1
@@ -94,17 +138,75 @@ def extract(page: str) -> list[Example]:
         while end < len(lines) and lines[end].rstrip() != closing:
             end += 1
         if match["lang"] == "python":
+            above = MARKER.match(lines[i - 1].strip()) if i > 0 else None
+            reason = None
+            if above and above["verb"] == "skip":
+                reason = (above["reason"] or "").strip()
+                assert len(reason) >= 10, f"{page}:{i}: a skipped block needs a reason"
             examples.append(
                 Example(
                     page=page,
                     number=len(examples) + 1,
                     line=i + 2,
                     source=textwrap.dedent("\n".join(lines[i + 1 : end])) + "\n",
-                    skip=i > 0 and lines[i - 1].strip() == SKIP_MARKER,
+                    skip_reason=reason,
+                    continues=bool(above and above["verb"] == "continue"),
                 )
             )
         i = end + 1
     return examples
+
+
+def chain(example: Example) -> list[Example]:
+    """``example`` and, if it continues, every runnable block of its page before it."""
+    if not example.continues:
+        return [example]
+    earlier = extract(example.page)[: example.number - 1]
+    assert earlier, f"{example.id} continues, but is the page's first block"
+    return [block for block in earlier if block.skip_reason is None] + [example]
+
+
+def run_block(example: Example, module: types.ModuleType) -> None:
+    """Execute ``example`` in ``module``'s namespace, then the ``test_*`` functions it defined."""
+    namespace = module.__dict__
+    before = set(namespace)
+    # Padded so that line numbers in tracebacks are those of the page.
+    code = compile("\n" * (example.line - 1) + example.source, str(DOCS / example.page), "exec")
+    exec(code, namespace)
+    for name in sorted(set(namespace) - before):
+        if name.startswith("test_") and callable(namespace[name]):
+            namespace[name]()
+    if example.is_settings:
+        check_settings(example, namespace)
+
+
+def check_settings(example: Example, namespace: dict[str, Any]) -> None:
+    """A settings fragment: valid for django_jobs' checks, and naming the app."""
+    names = {name: value for name, value in namespace.items() if name.isupper()}
+    assert names, f"{example.id} defines no setting"
+    apps = names.pop("INSTALLED_APPS", None)
+    if apps is not None:
+        assert "django_jobs" in apps, f"{example.id}: INSTALLED_APPS lacks django_jobs"
+    databases = names.pop("DATABASES", None)
+    if databases is not None:
+        assert databases["default"]["ENGINE"], f"{example.id}: no database engine"
+    assert names.get("USE_TZ", True) is True, f"{example.id}: django_jobs needs USE_TZ = True"
+    with override_settings(**names):
+        assert conf.problems() == []
+        serious = [m for m in run_checks() if m.id and m.id.startswith("django_jobs.")]
+        assert serious == [], f"{example.id}: {serious}"
+
+
+@contextmanager
+def example_module(example: Example) -> Iterator[types.ModuleType]:
+    """A module for the block's namespace, importable by name while the block runs."""
+    slug = re.sub(r"\W", "_", example.page[:-3])
+    module = types.ModuleType(f"docs_example_{slug}_{example.number}")
+    sys.modules[module.__name__] = module
+    try:
+        yield module
+    finally:
+        del sys.modules[module.__name__]
 
 
 # --- checks that go beyond what drain() can show ---------------------------------------
@@ -232,6 +334,18 @@ def racing_starts_share_one_run(ns: dict[str, Any], settings: Any) -> None:
     assert JobRun.objects.filter(idempotency_key="welcome:3").count() == 1
 
 
+def liveness_command_sees_this_hosts_worker(ns: dict[str, Any], settings: Any) -> None:
+    """deploy.md: the probe fails without a live worker on this host, passes with one."""
+    command = ns["Command"]()
+    with pytest.raises(CommandError, match="recent heartbeat"):
+        command.handle()
+    worker = WorkerFactory()  # this host, running, heartbeat now
+    command.handle()
+    WorkerRow.objects.filter(pk=worker.pk).update(heartbeat_at="2000-01-01T00:00:00Z")
+    with pytest.raises(CommandError):
+        command.handle()
+
+
 Check = Callable[[dict[str, Any], Any], None]
 
 # block id -> (text the block must contain, so a renumbering cannot misplace it; checks)
@@ -244,6 +358,7 @@ EXTRA_CHECKS: dict[str, tuple[str, tuple[Check, ...]]] = {
     "timeouts.md:1": ("docs.crawl", (watchdog_times_out_and_handler_leaves,)),
     "keys.md:1": ("docs.sync_account", (the_claim_skips_a_blocked_key,)),
     "keys.md:3": ("docs.welcome_email", (racing_starts_share_one_run,)),
+    "deploy.md:1": ("jobsliveness", (liveness_command_sees_this_hosts_worker,)),
 }
 
 # block id -> (text the block must contain, what is wrong in django_jobs)
@@ -265,7 +380,7 @@ def params() -> list[Any]:
     found = []
     for page in PAGES:
         for example in extract(page):
-            if example.skip:
+            if example.skip_reason is not None:
                 continue
             marks = []
             missing = missing_exports(example.source)
@@ -281,8 +396,13 @@ def params() -> list[Any]:
 
 
 @pytest.fixture
-def isolated() -> Iterator[None]:
+def isolated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Unregister the handlers and disconnect the receivers a block added."""
+    if django.VERSION < (6, 0):
+        # The pages import Django 6's django.tasks; on 5.2 the backport stands in.
+        import django_tasks
+
+        monkeypatch.setitem(sys.modules, "django.tasks", django_tasks)
     handlers = set(registry.all_handlers())
     receivers = {
         signal: list(signal.receivers)
@@ -292,37 +412,85 @@ def isolated() -> Iterator[None]:
     try:
         yield
     finally:
-        added = set(registry.all_handlers()) - handlers
-        for job_type in added:
+        for job_type in set(registry.all_handlers()) - handlers:
             registry.unregister(job_type)
         for signal, before in receivers.items():
             with signal.lock:
                 signal.receivers = before
                 signal.sender_receivers_cache.clear()
-        assert all(t.startswith("docs.") for t in added), f"use docs.* job types: {added}"
 
 
 @pytest.mark.parametrize("example", params())
 @pytest.mark.usefixtures("isolated")
 def test_example(example: Example, settings: Any) -> None:
-    # Padded so that line numbers in tracebacks are those of the page.
-    code = compile("\n" * (example.line - 1) + example.source, str(DOCS / example.page), "exec")
-    namespace: dict[str, Any] = {"__name__": f"docs_examples.{example.page[:-3]}_{example.number}"}
-    exec(code, namespace)
-    guard, checks = EXTRA_CHECKS.get(example.id, ("", ()))
-    assert guard in example.source, f"{example.id} moved; update EXTRA_CHECKS"
-    for check in checks:
-        check(namespace, settings)
+    with example_module(example) as module:
+        for block in chain(example):
+            run_block(block, module)
+        guard, checks = EXTRA_CHECKS.get(example.id, ("", ()))
+        assert guard in example.source, f"{example.id} moved; update EXTRA_CHECKS"
+        for check in checks:
+            check(module.__dict__, settings)
 
 
-def test_every_page_has_runnable_examples_and_is_linked_from_the_readme() -> None:
-    readme = (ROOT / "README.md").read_text()
-    for page in PAGES:
-        assert any(not example.skip for example in extract(page)), page
-        assert f"(docs/{page})" in readme, page
+def test_every_skip_is_reviewed() -> None:
+    skipped = {
+        example.id: example
+        for page in PAGES
+        for example in extract(page)
+        if example.skip_reason is not None
+    }
+    assert set(skipped) == set(SKIPPED), "a skipped block must be listed in SKIPPED"
+    for block_id, guard in SKIPPED.items():
+        assert guard in skipped[block_id].source, f"{block_id} moved; update SKIPPED"
 
 
 def test_extra_checks_and_known_problems_name_existing_blocks() -> None:
     ids = {example.id for page in PAGES for example in extract(page)}
     assert set(EXTRA_CHECKS) <= ids
     assert set(KNOWN_PROBLEMS) <= ids
+
+
+def test_readme_links_to_pages_that_exist() -> None:
+    readme = (ROOT / "README.md").read_text()
+    links = re.findall(r"\]\((docs/[^)#]+)", readme)
+    assert links, "README.md links to no page of the documentation"
+    assert [link for link in links if not (ROOT / link).exists()] == []
+
+
+# --- the harness itself fails on broken examples --------------------------------------
+
+
+def broken(source: str, page: str = "tutorial.md") -> Example:
+    return Example(page=page, number=99, line=1, source=textwrap.dedent(source))
+
+
+@pytest.mark.usefixtures("isolated")
+@pytest.mark.parametrize(
+    ("source", "error"),
+    [
+        ("assert 1 + 1 == 3\n", AssertionError),
+        ("from django_jobs import strat\n", ImportError),
+        ("from django_jobs import start\nstart('docs.no_such_job')\n", LookupError),
+        ("def test_wrong():\n    assert False\n", AssertionError),
+        ("# settings.py\nDJANGO_JOBS = {'HEARTBEAT': 5}\n", AssertionError),
+        ("# settings.py\nINSTALLED_APPS = ['django.contrib.auth']\n", AssertionError),
+    ],
+)
+def test_a_broken_example_fails(source: str, error: type[Exception]) -> None:
+    example = broken(source)
+    with pytest.raises(error), example_module(example) as module:
+        run_block(example, module)
+
+
+def test_markers_are_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    page = tmp_path / "page.md"
+    monkeypatch.setattr(sys.modules[__name__], "DOCS", tmp_path)
+    page.write_text("<!-- docs-test: skip -->\n```python\npass\n```\n")
+    with pytest.raises(AssertionError, match="needs a reason"):
+        extract("page.md")
+    page.write_text("<!-- docs-test: skip: a good reason -->\n\n```python\npass\n```\n")
+    with pytest.raises(AssertionError, match="just above"):
+        extract("page.md")
+    page.write_text("<!-- docs-test: run -->\n```python\npass\n```\n")
+    with pytest.raises(AssertionError, match="unknown marker"):
+        extract("page.md")
