@@ -16,7 +16,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.functions import Now
 from django.dispatch import Signal
 
-from . import claims, conf, lifecycle, signals
+from . import claims, conf, lifecycle, signals, tracing
 from .claims import Claim
 from .context import JobContext, LeaseLost, Suspended
 from .exceptions import (
@@ -168,7 +168,8 @@ def _run_handler(
     )
     ctx.atomic_depth = len(jobs_connection().atomic_blocks)
     try:
-        result = handler(ctx)
+        with tracing.run_span(claim, suspended=(Suspended, LeaseLost)):
+            result = handler(ctx)
     except Suspended:
         return lambda: Outcome.WAITING
     except LeaseLost:
@@ -360,8 +361,14 @@ def discard_broken_connections() -> None:
             connection.errors_occurred = False
 
 
+# Told of every outcome this process records, after it is written:
+# (claim, outcome, seconds the attempt took). The metrics module adds one.
+Observer = Callable[[Claim, Outcome, float], None]
+outcome_observers: list[Observer] = []
+
+
 def log_outcome(claim: Claim, outcome: Outcome, duration: float) -> None:
-    """The one INFO line per run outcome (no payloads)."""
+    """The one INFO line per run outcome (no payloads); then the observers."""
     logger.info(
         "run=%s type=%s outcome=%s attempt=%d duration=%.3fs",
         claim.run_id,
@@ -370,3 +377,8 @@ def log_outcome(claim: Claim, outcome: Outcome, duration: float) -> None:
         claim.attempt,
         duration,
     )
+    for observe in outcome_observers:
+        try:
+            observe(claim, outcome, duration)
+        except Exception:
+            logger.exception("run=%s outcome observer %r failed", claim.run_id, observe)

@@ -29,6 +29,7 @@ from .execution import (
     cancel_write,
     discard_broken_connections,
     execute,
+    log_outcome,
     settle,
     timeout_write,
 )
@@ -330,7 +331,8 @@ class Worker:
                 ctx.fenced_off = True
                 ctx.request_cancel()
                 handler = get_handler(ctx.job_type, resolve=True)
-                settle(ctx.claim, timeout_write(handler, ctx.claim), self.hard_stop)
+                outcome = settle(ctx.claim, timeout_write(handler, ctx.claim), self.hard_stop)
+                log_outcome(ctx.claim, outcome, now - ctx.started)
             elif (
                 ctx.cancel_noticed_at is not None
                 and now > ctx.cancel_noticed_at + self.cancel_grace
@@ -338,7 +340,8 @@ class Worker:
             ):
                 ctx.fenced_off = True
                 message = f"the handler ignored the cancel request for {self.cancel_grace:g}s"
-                settle(ctx.claim, cancel_write(ctx.claim, message), self.hard_stop)
+                outcome = settle(ctx.claim, cancel_write(ctx.claim, message), self.hard_stop)
+                log_outcome(ctx.claim, outcome, now - ctx.started)
 
     # --- shutdown -----------------------------------------------------------------
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Callable
 
 import pytest
@@ -54,5 +56,43 @@ def test_a_running_worker_stops_and_restarts_claiming_a_paused_pool(
     text = manage("jobstatus")
     assert "echo" in text
     assert "Workers (1)" in text
+    worker.signal(15)
+    assert worker.wait(timeout=30) == 0, worker.output()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        return str(response.read().decode())
+
+
+def test_a_worker_serves_prometheus_metrics(start_worker: Callable[..., WorkerProcess]) -> None:
+    port = free_port()
+    worker = start_worker(
+        "--pool", "echo", "--metrics-port", str(port), "--metrics-addr", "127.0.0.1"
+    )
+    run = start("tests.echo", {"n": 1})
+    wait_until(lambda: status_of(run) == Status.COMPLETED)
+    labels = 'job_type="tests.echo",outcome="completed",pool="echo"'
+
+    def counted() -> bool:
+        try:
+            return f"django_jobs_runs_total{{{labels}}} 1.0" in scrape(port)
+        except OSError:
+            return False  # not listening yet
+
+    wait_until(counted)
+    text = scrape(port)
+    assert f"django_jobs_run_duration_seconds_count{{{labels}}} 1.0" in text
+    assert 'django_jobs_pool_workers{pool="echo"} 1.0' in text
+    assert "django_jobs_queue_up 1.0" in text
+    busy = start_worker("--pool", "echo", "--metrics-port", str(port))
+    assert busy.wait(timeout=60) != 0
+    assert f"--metrics-port {port}: cannot listen" in busy.output()
     worker.signal(15)
     assert worker.wait(timeout=30) == 0, worker.output()

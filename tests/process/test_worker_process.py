@@ -118,6 +118,9 @@ def test_one_line_per_outcome_and_no_payloads(start_worker: StartWorker) -> None
         (["--poll-interval", "nan"], "expected a positive number of seconds"),
         (["--pool", ""], "expected a pool name"),
         (["--bogus"], "unrecognized arguments: --bogus"),
+        (["--metrics-port", "0"], "expected a TCP port (1-65535), got '0'"),
+        (["--metrics-port", "http"], "expected a TCP port (1-65535), got 'http'"),
+        (["--metrics-port", "70000"], "expected a TCP port (1-65535), got '70000'"),
     ],
 )
 def test_bad_flags_exit_non_zero_with_one_line(args: list[str], message: str) -> None:

@@ -7,6 +7,7 @@ import logging
 import sys
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_jobs import conf
@@ -43,6 +44,12 @@ def pool_name(value: str) -> str:
     if not value.strip() or len(value) > 100:
         raise argparse.ArgumentTypeError(f"expected a pool name (1-100 characters), got {value!r}")
     return value
+
+
+def port(value: str) -> int:
+    if not value.isdigit() or not 1 <= int(value) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port (1-65535), got {value!r}")
+    return int(value)
 
 
 class Command(BaseCommand):
@@ -84,6 +91,20 @@ class Command(BaseCommand):
             help="seconds between claims when idle (default: POLL_INTERVAL setting)",
         )
 
+        parser.add_argument(
+            "--metrics-port",
+            type=port,
+            default=None,
+            metavar="PORT",
+            help="serve Prometheus metrics over HTTP on this port (needs the metrics extra)",
+        )
+        parser.add_argument(
+            "--metrics-addr",
+            default="0.0.0.0",
+            metavar="ADDR",
+            help="address the metrics port listens on (default: 0.0.0.0)",
+        )
+
     def handle(self, *args: Any, **options: Any) -> None:
         self._configure_logging(options["verbosity"])
         # The command's own system checks ran already; the database ones need a
@@ -92,6 +113,8 @@ class Command(BaseCommand):
         problems = [m for m in check_database(conf.get().DATABASE) if m.is_serious()]
         if problems:
             raise CommandError("; ".join(f"{m.id}: {m.msg}" for m in problems))
+        if options["metrics_port"] is not None:
+            self._serve_metrics(options["metrics_port"], options["metrics_addr"])
         worker = Worker(
             options["pools"] or ["default"],
             concurrency=options["concurrency"],
@@ -103,6 +126,16 @@ class Command(BaseCommand):
         code = worker.run()
         if code:
             sys.exit(code)
+
+    def _serve_metrics(self, port: int, addr: str) -> None:
+        try:
+            from django_jobs import metrics
+        except ImproperlyConfigured as exc:
+            raise CommandError(f"--metrics-port: {exc}") from None
+        try:
+            metrics.serve(port, addr)
+        except OSError as exc:
+            raise CommandError(f"--metrics-port {port}: cannot listen on {addr!r}: {exc}") from None
 
     def _configure_logging(self, verbosity: int) -> None:
         """Send django_jobs' log lines to stderr unless the project configured a handler."""

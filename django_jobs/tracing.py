@@ -1,0 +1,74 @@
+"""An OpenTelemetry span around each attempt's handler, when ``opentelemetry-api`` is installed.
+
+Without the package, or with the API but no tracer provider configured (no
+SDK set up), no span is made: a non-recording span would still cost about 5 µs
+a run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from .claims import Claim
+
+try:
+    from opentelemetry import trace
+except ImportError:  # pragma: no cover - exercised without the extra installed
+    trace = None  # type: ignore[assignment]
+
+# (provider, its tracer): a provider set up after import is picked up.
+_cached: tuple[Any, Any] = (None, None)
+
+
+def _tracer() -> Any:
+    """The tracer of the configured provider, or None when tracing is not set up."""
+    global _cached
+    if trace is None:
+        return None
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, trace.ProxyTracerProvider):
+        return None
+    if _cached[0] is not provider:
+        _cached = (provider, provider.get_tracer("django_jobs"))
+    return _cached[1]
+
+
+@contextmanager
+def run_span(claim: Claim, suspended: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
+    """Trace one attempt of ``claim``'s handler as a consumer span named after its job type.
+
+    An exception is recorded and marks the span as an error, except those in
+    ``suspended`` (a run that now waits, or lost its lease), which only set
+    ``django_jobs.outcome``.
+    """
+    tracer = _tracer()
+    if tracer is None:
+        yield
+        return
+    row = claim.row
+    attributes = {
+        "messaging.system": "django_jobs",
+        "messaging.operation.type": "process",
+        "messaging.destination.name": row["pool"],
+        "django_jobs.run_id": claim.run_id,
+        "django_jobs.job_type": row["job_type"],
+        "django_jobs.attempt": claim.attempt,
+    }
+    with tracer.start_as_current_span(
+        f"django_jobs {row['job_type']}",
+        kind=trace.SpanKind.CONSUMER,
+        attributes=attributes,
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        try:
+            yield
+        except suspended as exc:
+            span.set_attribute("django_jobs.outcome", type(exc).__name__.lower())
+            raise
+        except BaseException as exc:
+            span.record_exception(exc)
+            span.set_status(trace.Status(trace.StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            raise
