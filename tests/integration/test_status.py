@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import OperationalError
 from django.utils import timezone
 
 from django_jobs.models import Status, WorkerStatus
@@ -169,3 +170,39 @@ def test_jobstatus_watch_prints_until_interrupted(monkeypatch: pytest.MonkeyPatc
 def test_jobstatus_refuses_bad_flags(args: list[str], capsys: Any) -> None:
     with pytest.raises(CommandError):
         call_command("jobstatus", *args)
+
+
+def test_jobstatus_reports_an_unreachable_database_in_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from django_jobs.management.commands import jobstatus as command
+
+    def broken(**kwargs: Any) -> Any:
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(command, "snapshot", broken)
+    with pytest.raises(CommandError, match="cannot read the queue: server closed"):
+        call_command("jobstatus")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_jobstatus_watch_outlives_a_database_outage(monkeypatch: pytest.MonkeyPatch) -> None:
+    from django_jobs.management.commands import jobstatus as command
+
+    populate()
+    calls: list[int] = []
+
+    def flaky(**kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 2:
+            raise OperationalError("the database system is shutting down")
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return snapshot(**kwargs)
+
+    monkeypatch.setattr(command, "snapshot", flaky)
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)
+    out, err = StringIO(), StringIO()
+    call_command("jobstatus", "--watch", "--json", stdout=out, stderr=err)
+    assert len(out.getvalue().splitlines()) == 2
+    assert "cannot read the queue: the database system is shutting down" in err.getvalue()

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import sys
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
+from django.db import connection
 
 from django_jobs import start
 from django_jobs.models import JobRun, Status
@@ -96,3 +99,36 @@ def test_a_worker_serves_prometheus_metrics(start_worker: Callable[..., WorkerPr
     assert f"--metrics-port {port}: cannot listen" in busy.output()
     worker.signal(15)
     assert worker.wait(timeout=30) == 0, worker.output()
+
+
+def test_jobstatus_watch_reconnects_after_its_connection_is_killed(tmp_path: Path) -> None:
+    out = (tmp_path / "out").open("w+")
+    err = (tmp_path / "err").open("w+")
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "django", "jobstatus", "--watch", "0.2", "--json"],
+        cwd=ROOT,
+        env=worker_env(),
+        stdout=out,
+        stderr=err,
+        text=True,
+    )
+    try:
+        wait_until(lambda: len((tmp_path / "out").read_text().splitlines()) >= 2)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        wait_until(lambda: "cannot read the queue" in (tmp_path / "err").read_text())
+        seen = len((tmp_path / "out").read_text().splitlines())
+        wait_until(lambda: len((tmp_path / "out").read_text().splitlines()) >= seen + 2)
+        assert watch.poll() is None  # still watching
+        watch.send_signal(signal.SIGINT)
+        assert watch.wait(timeout=30) == 0
+        assert "Traceback" not in (tmp_path / "err").read_text()
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.wait(timeout=10)
+        out.close()
+        err.close()

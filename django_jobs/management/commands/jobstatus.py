@@ -6,8 +6,10 @@ import json
 import time
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError, connections
 
+from django_jobs import conf
 from django_jobs.status import FINISHED, Snapshot, age, snapshot
 
 from .prunejobs import describe, duration
@@ -109,7 +111,16 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             while True:
-                self._show(options)
+                try:
+                    shot = snapshot(window=options["window"], pools=options["pools"])
+                except DatabaseError as exc:
+                    if not options["watch"]:
+                        raise CommandError(f"cannot read the queue: {exc}".strip()) from None
+                    # --watch outlives a database restart: say so, reconnect next time.
+                    self.stderr.write(f"cannot read the queue: {exc}".strip())
+                    connections[conf.get().DATABASE].close_if_unusable_or_obsolete()
+                else:
+                    self._show(shot, options)
                 if not options["watch"]:
                     return
                 self.stdout.flush()
@@ -117,8 +128,7 @@ class Command(BaseCommand):
         except KeyboardInterrupt:
             return
 
-    def _show(self, options: dict[str, Any]) -> None:
-        shot = snapshot(window=options["window"], pools=options["pools"])
+    def _show(self, shot: Snapshot, options: dict[str, Any]) -> None:
         if options["json"]:
             self.stdout.write(json.dumps(shot.as_json()))
             return
