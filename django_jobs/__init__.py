@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 __all__ = [
     "JobContext",
     "RetryPolicy",
+    "Schedule",
     "cancel",
     "job",
     "retry",
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     from .backoff import RetryPolicy
     from .context import JobContext
     from .registry import job
+    from .schedules import Schedule
 
 _LAZY = {
     "cancel": "api",
@@ -28,6 +30,7 @@ _LAZY = {
     "JobContext": "context",
     "job": "registry",
     "RetryPolicy": "backoff",
+    "Schedule": "schedules",
 }
 
 

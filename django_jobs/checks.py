@@ -87,3 +87,28 @@ def check_database(alias: str) -> list[CheckMessage]:
             id="django_jobs.E005",
         )
     ]
+
+
+SCHEDULE_HINTS = {
+    "E009": "Give each schedule 'job_type' and 'cron', and optionally 'timezone', 'missed' "
+    "('skip' or 'catch_up') and a JSON 'input' (see docs/schedules.md).",
+    "E010": "Write five fields (minute hour day-of-month month day-of-week) or a macro "
+    "such as '@daily'.",
+    "E011": "Use an IANA name such as 'Europe/Paris' or 'UTC' (zoneinfo; on Windows, "
+    "install tzdata).",
+    "E012": "Name a job type registered with @job in the jobs.py of an installed app.",
+    "E013": "Rename the settings schedule: a @job's schedule is named after its job type.",
+}
+
+
+@register()
+def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Validate ``DJANGO_JOBS["SCHEDULES"]`` (``@job`` schedules are checked at import)."""
+    if conf.problems():
+        return []  # check_settings reports them; the schedules cannot be read
+    from .schedules import settings_problems
+
+    return [
+        Error(message + ".", hint=SCHEDULE_HINTS[code], id=f"django_jobs.{code}")
+        for code, message in settings_problems()
+    ]

@@ -20,6 +20,9 @@ DEFAULTS: dict[str, Any] = {
     "MAX_INPUT_BYTES": 1_048_576,
     "LISTEN_NOTIFY": True,
     "PREPARED_STATEMENTS": True,
+    # name -> {"job_type", "cron", "timezone", "missed", "input"}; each entry is
+    # checked by schedules.entry_problems (checks E009-E013).
+    "SCHEDULES": {},
 }
 
 DURATION_KEYS = frozenset(
@@ -47,6 +50,7 @@ class JobsSettings:
     MAX_INPUT_BYTES: int
     LISTEN_NOTIFY: bool
     PREPARED_STATEMENTS: bool
+    SCHEDULES: dict[str, Any]
 
 
 def user_settings() -> dict[str, Any]:
@@ -76,6 +80,8 @@ def problems() -> list[str]:
     for key in ("LISTEN_NOTIFY", "PREPARED_STATEMENTS"):
         if not isinstance(merged[key], bool):
             found.append(f"{key} must be True or False, got {merged[key]!r}")
+    if not isinstance(merged["SCHEDULES"], dict):
+        found.append(f"SCHEDULES must be a dict of schedules by name, got {merged['SCHEDULES']!r}")
     return found
 
 

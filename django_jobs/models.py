@@ -299,3 +299,32 @@ class JobStep(models.Model):
 
     def __str__(self) -> str:
         return f"{self.step_id} of run {self.run_id}"
+
+
+class JobSchedule(models.Model):
+    """The state of one periodic schedule: the latest tick handled, shared by every worker.
+
+    Written only by ``django_jobs.scheduler``; the schedule itself is declared in
+    code (``@job(schedule=...)``) or settings. ``cron``, ``timezone`` and ``missed``
+    repeat the declaration as last seen by a worker, for the admin.
+    """
+
+    name = models.CharField(max_length=200, primary_key=True)
+    job_type = models.CharField(max_length=200)
+    cron = models.TextField()
+    timezone = models.CharField(max_length=100)
+    missed = models.CharField(max_length=16)
+    # The latest tick handled (a run started, or missed and skipped); NULL
+    # until the first: ticks after created_at are then the schedule's first.
+    last_tick = models.DateTimeField(null=True, blank=True)
+    # The tick after last_tick, for the admin; a past value means no worker
+    # of the job's pool is scheduling.
+    next_tick = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name

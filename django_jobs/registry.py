@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from .backoff import NO_RETRY, RetryPolicy
 from .conf import to_seconds
 from .exceptions import DuplicateJobType, UnknownJobType
+from .schedules import MAX_NAME, Schedule
 
 if TYPE_CHECKING:
     from .context import JobContext
@@ -38,6 +39,8 @@ class JobHandler:
     # failed, timed out or canceled), in the process that ended it. While it is
     # set, a completion is written before the worker thread moves on.
     on_end: Callable[[int], None] | None = None
+    # Start a run at every tick of this schedule (named after the job type).
+    schedule: Schedule | None = None
 
     def __call__(self, ctx: JobContext) -> Any:
         return self.fn(ctx)
@@ -80,6 +83,7 @@ def job(
     timeout: float | timedelta | None = None,
     concurrency_key: ConcurrencyKey = None,
     priority: int = 0,
+    schedule: str | Schedule | None = None,
 ) -> Callable[[HandlerFn], JobHandler]:
     """Register the decorated function ``fn(ctx)`` as the handler of ``job_type``."""
     if not isinstance(job_type, str) or not job_type:
@@ -95,6 +99,12 @@ def job(
     seconds = None if timeout is None else to_seconds(timeout)
     if seconds is not None and seconds <= 0:
         raise ValueError(f"timeout must be positive, got {timeout!r}")
+    if isinstance(schedule, str):
+        schedule = Schedule(schedule)
+    if schedule is not None and not isinstance(schedule, Schedule):
+        raise TypeError(f"schedule must be a cron string or a Schedule, got {schedule!r}")
+    if schedule is not None and len(job_type) > MAX_NAME:
+        raise ValueError(f"a scheduled job type is at most {MAX_NAME} characters: {job_type!r}")
 
     def decorate(fn: HandlerFn) -> JobHandler:
         handler = JobHandler(
@@ -105,6 +115,7 @@ def job(
             timeout=seconds,
             concurrency_key=concurrency_key,
             priority=priority,
+            schedule=schedule,
         )
         register(handler)
         return handler

@@ -36,6 +36,7 @@ from .execution import (
 from .models import WorkerStatus
 from .notify import Listener, notify_pools
 from .registry import get_handler
+from .scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -56,6 +57,7 @@ class Worker:
         burst: bool = False,
         max_runs: int | None = None,
         poll_interval: float | None = None,
+        scheduler: bool = True,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
@@ -65,6 +67,7 @@ class Worker:
         self.concurrency = concurrency
         self.burst = burst
         self.max_runs = max_runs
+        self.scheduler = scheduler  # fire the schedules of this worker's pools
         settings = conf.get()
         self.poll_interval = settings.POLL_INTERVAL if poll_interval is None else poll_interval
         self.heartbeat_interval = settings.HEARTBEAT_INTERVAL
@@ -106,15 +109,19 @@ class Worker:
             listener.start()
         beat = self._start(self._heartbeat_loop, "django-jobs-heartbeat")
         watchdog = self._start(self._watchdog_loop, "django-jobs-watchdog")
+        scheduling = self._start_scheduler()
         try:
             self._claim_loop()
             code = self._drain()
         finally:
             for _ in threads:
                 self._queue.put(None)
+            self.stopping.set()  # the scheduler's signal (a burst ends without one)
             self.hard_stop.set()
             beat.join(timeout=5)
             watchdog.join(timeout=5)
+            if scheduling is not None:
+                scheduling.join(timeout=5)
             if listener is not None:
                 listener.join(timeout=5)
             self._completer.close()
@@ -134,6 +141,15 @@ class Worker:
             socket.gethostname(), os.getpid(), self.pools, self.concurrency, self.worker_id
         )
         self.worker_id = worker.pk
+
+    def _start_scheduler(self) -> threading.Thread | None:
+        """Start the scheduler thread if asked and this worker's pools have schedules."""
+        if not self.scheduler:
+            return None
+        scheduler = Scheduler(self.pools, self.stopping)
+        if not scheduler.entries:
+            return None
+        return self._start(scheduler.run, "django-jobs-scheduler")
 
     def request_stop(self) -> None:
         """Stop claiming and drain; asked a second time, give the runs back and stop now."""

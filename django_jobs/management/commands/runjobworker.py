@@ -90,6 +90,13 @@ class Command(BaseCommand):
             metavar="S",
             help="seconds between claims when idle (default: POLL_INTERVAL setting)",
         )
+        parser.add_argument(
+            "--no-scheduler",
+            dest="scheduler",
+            action="store_false",
+            help="start no runs of periodic schedules here (default: schedule the jobs "
+            "of this worker's pools)",
+        )
 
         parser.add_argument(
             "--metrics-port",
@@ -121,6 +128,7 @@ class Command(BaseCommand):
             burst=options["burst"],
             max_runs=options["max_runs"],
             poll_interval=options["poll_interval"],
+            scheduler=options["scheduler"],
         )
         worker.install_signal_handlers()
         code = worker.run()

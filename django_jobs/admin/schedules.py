@@ -1,0 +1,55 @@
+"""JobScheduleAdmin: the periodic schedules as the workers last saw them. Read-only.
+
+Schedules are declared in code and settings; their rows are written by the
+workers' schedulers only (``django_jobs.scheduler``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils import timezone
+
+from .. import conf
+from ..models import JobSchedule
+
+
+@admin.register(JobSchedule)
+class JobScheduleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ["name", "job_type", "cron", "timezone", "missed", "last_tick", "next_tick"]
+    list_filter = ["missed"]
+    search_fields = ["name", "job_type"]
+    readonly_fields = (
+        "name",
+        "job_type",
+        "cron",
+        "timezone",
+        "missed",
+        "last_tick",
+        "next_tick",
+        "overdue",
+        "created_at",
+        "updated_at",
+    )
+    fields = readonly_fields
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[JobSchedule]:
+        queryset: QuerySet[JobSchedule] = super().get_queryset(request)
+        return queryset.using(conf.get().DATABASE)
+
+    @admin.display(description="overdue", boolean=True)
+    def overdue(self, schedule: JobSchedule) -> bool:
+        """Whether the next tick has passed unhandled: no worker of the job's pool schedules it."""
+        return schedule.next_tick is not None and schedule.next_tick < timezone.now()
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

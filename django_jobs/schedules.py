@@ -1,0 +1,246 @@
+"""Periodic schedules: ``Schedule``, the schedules in force, and which ticks to run. No SQL.
+
+A schedule is declared on a job (``@job(..., schedule=...)``, named after its
+job type) or in ``DJANGO_JOBS["SCHEDULES"]`` (named by its key). The database
+side, one run per tick across every worker, is ``scheduler.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import KW_ONLY, dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from . import conf
+from .cron import Cron, parse
+from .payloads import normalize
+
+logger = logging.getLogger(__name__)
+
+MISSED_POLICIES = ("skip", "catch_up")
+SETTINGS_KEYS = ("job_type", "cron", "timezone", "missed", "input")
+MAX_NAME = 200
+# A tick first handled more than this after its instant was missed: no worker
+# was scheduling then (all down, or the database unreachable). Workers handle a
+# tick within moments, so only downtime makes a tick this late.
+MISSED_AFTER = timedelta(seconds=60)
+# At most this many runs for the ticks missed by one schedule (the latest
+# ones, under missed="catch_up"): years of downtime do not make millions of runs.
+CATCH_UP_LIMIT = 100
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """When to start runs of a job: a cron expression in a time zone, and a missed-tick policy.
+
+    ``timezone`` is an IANA name (or a ``ZoneInfo``); ``None`` means
+    ``settings.TIME_ZONE`` when the schedule is used. ``missed`` is ``"skip"``
+    or ``"catch_up"``. Every run gets ``input`` (JSON, ``{}`` when ``None``).
+    """
+
+    cron: str
+    _: KW_ONLY
+    timezone: str | None = None
+    missed: str = "skip"
+    input: Any = None
+    parsed: Cron = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "parsed", parse(self.cron))
+        if isinstance(self.timezone, ZoneInfo):
+            object.__setattr__(self, "timezone", self.timezone.key)
+        if self.timezone is not None:
+            zone_problem = timezone_problem(self.timezone)
+            if zone_problem is not None:
+                raise ValueError(zone_problem)
+        if self.missed not in MISSED_POLICIES:
+            raise ValueError(
+                f"missed must be one of {', '.join(map(repr, MISSED_POLICIES))}, "
+                f"got {self.missed!r}"
+            )
+        object.__setattr__(self, "input", normalize(self.input or {}, what="schedule input"))
+
+    @property
+    def zone(self) -> ZoneInfo:
+        """The zone the cron fields are matched in (``settings.TIME_ZONE`` by default)."""
+        from django.conf import settings
+
+        return ZoneInfo(self.timezone or settings.TIME_ZONE or "UTC")
+
+    def next_after(self, instant: datetime) -> datetime:
+        """The first tick strictly after ``instant``, as an aware UTC datetime."""
+        return self.parsed.next_after(instant, self.zone)
+
+
+def timezone_problem(name: object) -> str | None:
+    """Why ``name`` is not a time zone ``zoneinfo`` knows, or None."""
+    if not isinstance(name, str) or not name:
+        return f"timezone must be an IANA time zone name, got {name!r}"
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        return f"unknown time zone {name!r}"
+    return None
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A schedule in force: its name, the job type it starts, and the job's pool."""
+
+    name: str
+    job_type: str
+    pool: str
+    schedule: Schedule
+
+
+def entries(pools: list[str] | None = None) -> list[Entry]:
+    """Return the schedules in force (of jobs in ``pools``, or all), sorted by name.
+
+    Settings entries that are invalid or name an unknown job type are left out:
+    the system checks report them.
+    """
+    from .registry import all_handlers
+
+    handlers = all_handlers()
+    found = {
+        handler.job_type: Entry(handler.job_type, handler.job_type, handler.pool, handler.schedule)
+        for handler in handlers.values()
+        if handler.schedule is not None
+    }
+    for name, spec in _settings_schedules().items():
+        if name in found or entry_problems(name, spec):
+            continue
+        handler = handlers.get(spec["job_type"])
+        if handler is None:
+            continue
+        found[name] = Entry(name, handler.job_type, handler.pool, from_settings(spec))
+    return [entry for _, entry in sorted(found.items()) if pools is None or entry.pool in pools]
+
+
+def from_settings(spec: dict[str, Any]) -> Schedule:
+    return Schedule(
+        spec["cron"],
+        timezone=spec.get("timezone"),
+        missed=spec.get("missed", "skip"),
+        input=spec.get("input"),
+    )
+
+
+def _settings_schedules() -> dict[str, Any]:
+    schedules = conf.get().SCHEDULES
+    return schedules if isinstance(schedules, dict) else {}
+
+
+def entry_problems(name: object, spec: object) -> list[tuple[str, str]]:
+    """The problems of one ``SCHEDULES`` entry as ``(check id, message)``; job type aside."""
+    where = f"DJANGO_JOBS['SCHEDULES'][{name!r}]"
+    if not isinstance(name, str) or not name or len(name) > MAX_NAME:
+        return [("E009", f"{where}: a schedule name must be a string of 1-{MAX_NAME} characters")]
+    if not isinstance(spec, dict):
+        return [("E009", f"{where} must be a dict, not {type(spec).__name__}")]
+    found = [("E009", f"{where}: unknown key {key!r}") for key in spec if key not in SETTINGS_KEYS]
+    if not isinstance(spec.get("job_type"), str):
+        found.append(
+            ("E009", f"{where}: 'job_type' must be a job type, got {spec.get('job_type')!r}")
+        )
+    if spec.get("missed", "skip") not in MISSED_POLICIES:
+        found.append(
+            ("E009", f"{where}: 'missed' must be 'skip' or 'catch_up', got {spec['missed']!r}")
+        )
+    try:
+        normalize(spec.get("input") or {}, what="'input'")
+    except ValueError as exc:
+        found.append(("E009", f"{where}: {exc}"))
+    try:
+        parse(spec.get("cron"))  # type: ignore[arg-type]
+    except (TypeError, ValueError) as exc:
+        found.append(("E010", f"{where}: {exc}"))
+    if spec.get("timezone") is not None:
+        zone_problem = timezone_problem(spec["timezone"])
+        if zone_problem is not None:
+            found.append(("E011", f"{where}: {zone_problem}"))
+    return found
+
+
+def settings_problems() -> list[tuple[str, str]]:
+    """Every problem of ``DJANGO_JOBS["SCHEDULES"]`` as ``(check id, message)``."""
+    from .registry import all_handlers
+
+    handlers = all_handlers()
+    found: list[tuple[str, str]] = []
+    for name, spec in _settings_schedules().items():
+        problems = entry_problems(name, spec)
+        found.extend(problems)
+        if problems:
+            continue
+        where = f"DJANGO_JOBS['SCHEDULES'][{name!r}]"
+        if spec["job_type"] not in handlers:
+            found.append(("E012", f"{where}: no job is registered as {spec['job_type']!r}"))
+        collision = handlers.get(name)
+        if collision is not None and collision.schedule is not None:
+            found.append(("E013", f"{where}: the name is taken by the schedule of @job({name!r})"))
+    return found
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The ticks due at ``now``: which get a run, and the latest (to be stored)."""
+
+    run: list[datetime]
+    latest: datetime | None
+    missed: int  # due ticks that get no run (at least this many, beyond the limit)
+
+
+def plan(schedule: Schedule, after: datetime, now: datetime) -> Plan:
+    """Decide the runs for the ticks after ``after`` up to ``now`` (pure: no database).
+
+    A tick more than ``MISSED_AFTER`` old is missed: ``skip`` runs none of them,
+    ``catch_up`` runs each, oldest first, up to the latest ``CATCH_UP_LIMIT``.
+    """
+    due, more = latest_ticks(schedule, after, now, CATCH_UP_LIMIT)
+    if not due:
+        return Plan([], None, 0)
+    if schedule.missed == "catch_up":
+        chosen = due
+    else:
+        chosen = [tick for tick in due if now - tick <= MISSED_AFTER]
+    return Plan(chosen, due[-1], len(due) - len(chosen) + (1 if more else 0))
+
+
+def latest_ticks(
+    schedule: Schedule, after: datetime, now: datetime, limit: int
+) -> tuple[list[datetime], bool]:
+    """The latest ``limit`` ticks in ``(after, now]``, oldest first; and whether there were more.
+
+    After long downtime the start is found by bisection on the instant, each
+    probe counting at most ``limit + 1`` ticks, so the cost does not grow with
+    the number of ticks missed.
+    """
+    ticks = _ticks(schedule, after, now, limit + 1)
+    if len(ticks) <= limit:
+        return ticks, False
+    # More than ``limit`` ticks in (low, now]; at most ``limit`` in (high, now].
+    low, high = after, now
+    while high - low > timedelta(seconds=1):
+        middle = low + (high - low) / 2
+        if len(_ticks(schedule, middle, now, limit + 1)) > limit:
+            low = middle
+        else:
+            high = middle
+    return _ticks(schedule, low, now, limit + 1)[-limit:], True
+
+
+def _ticks(schedule: Schedule, after: datetime, now: datetime, count: int) -> list[datetime]:
+    ticks: list[datetime] = []
+    tick = schedule.next_after(after)
+    while tick <= now and len(ticks) < count:
+        ticks.append(tick)
+        tick = schedule.next_after(tick)
+    return ticks
+
+
+def idempotency_key(name: str, tick: datetime) -> str:
+    """The run's key for ``tick``: one run per schedule and instant (a unique constraint)."""
+    return f"schedule:{name}:{tick.astimezone(UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}"

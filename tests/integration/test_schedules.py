@@ -1,0 +1,383 @@
+"""Schedules against PostgreSQL: exactly one run per tick, missed ticks, the worker's scheduler."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from django.db import OperationalError, connections, transaction
+from django.test import Client
+
+from django_jobs import Schedule, job, scheduler
+from django_jobs.models import JobRun, JobSchedule, Status
+from django_jobs.registry import JobHandler, unregister
+from django_jobs.scheduler import Scheduler, fire, run_schedules, sync
+from django_jobs.schedules import CATCH_UP_LIMIT, Entry, entries
+from django_jobs.testing import drain
+from django_jobs.worker import Worker
+from tests.helpers import lock_waiters, wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def utc(*args: int) -> datetime:
+    return datetime(*args, tzinfo=UTC)  # type: ignore[misc]
+
+
+Declare = Callable[..., JobHandler]
+
+
+@pytest.fixture
+def declare() -> Iterator[Declare]:
+    """Register ``@job``s with schedules for one test; unregister them after."""
+    names: list[str] = []
+
+    def declare(job_type: str, schedule: str | Schedule, pool: str = "default") -> JobHandler:
+        names.append(job_type)
+
+        def handler(ctx: Any) -> str:
+            return ctx.run.run_at.isoformat()  # type: ignore[no-any-return]
+
+        return job(job_type, pool=pool, schedule=schedule)(handler)
+
+    yield declare
+    for name in names:
+        unregister(name)
+
+
+def entry(name: str) -> Entry:
+    (found,) = [e for e in entries() if e.name == name]
+    return found
+
+
+def seed(name: str, last_tick: datetime) -> None:
+    """Pretend the schedule's latest handled tick was ``last_tick``."""
+    sync([entry(name)], last_tick)
+    assert JobSchedule.objects.filter(name=name).update(last_tick=last_tick) == 1
+
+
+def run_ats(job_type: str) -> list[datetime]:
+    return list(
+        JobRun.objects.filter(job_type=job_type).order_by("run_at").values_list("run_at", flat=True)
+    )
+
+
+# --- one process, an injected clock --------------------------------------------------
+
+
+def test_first_sight_starts_nothing_then_each_tick_once(declare: Declare) -> None:
+    declare("sched.quarter", Schedule("*/15 * * * *", timezone="UTC"))
+    assert run_schedules(utc(2026, 1, 1, 10, 7)) == []
+    row = JobSchedule.objects.get()
+    assert (row.name, row.job_type, row.cron, row.timezone, row.missed) == (
+        "sched.quarter",
+        "sched.quarter",
+        "*/15 * * * *",
+        "UTC",
+        "skip",
+    )
+    assert (row.last_tick, row.next_tick, row.created_at) == (
+        None,
+        utc(2026, 1, 1, 10, 15),
+        utc(2026, 1, 1, 10, 7),
+    )
+    assert run_schedules(utc(2026, 1, 1, 10, 14, 59)) == []
+    (run,) = run_schedules(utc(2026, 1, 1, 10, 15, 2))
+    run.refresh_from_db()
+    assert (run.run_at, run.trigger_source, run.trigger_ref, run.idempotency_key) == (
+        utc(2026, 1, 1, 10, 15),
+        "schedule",
+        "sched.quarter",
+        "schedule:sched.quarter:2026-01-01T10:15:00Z",
+    )
+    assert (run.pool, run.status, run.input) == ("default", Status.PENDING, {})
+    assert run_schedules(utc(2026, 1, 1, 10, 15, 40)) == []
+    row.refresh_from_db()
+    assert (row.last_tick, row.next_tick) == (utc(2026, 1, 1, 10, 15), utc(2026, 1, 1, 10, 30))
+    assert JobRun.objects.count() == 1
+
+
+def test_settings_schedules_run_their_job_with_their_input(settings: Any) -> None:
+    settings.DJANGO_JOBS = {
+        **settings.DJANGO_JOBS,
+        "SCHEDULES": {
+            "echo.hourly": {
+                "job_type": "tests.echo",
+                "cron": "@hourly",
+                "timezone": "Asia/Tokyo",
+                "input": {"hello": "world"},
+            }
+        },
+    }
+    run_schedules(utc(2026, 1, 1, 9, 30))
+    (run,) = run_schedules(utc(2026, 1, 1, 10, 0, 1))
+    assert (run.job_type, run.pool, run.input, run.trigger_ref) == (
+        "tests.echo",
+        "echo",
+        {"hello": "world"},
+        "echo.hourly",
+    )
+    assert run_schedules(utc(2026, 1, 1, 11, 0, 1), pools=["default"]) == []
+    assert drain() == 1
+    run.refresh_from_db()
+    assert run.output == {"hello": "world"}
+
+
+def test_skip_policy_starts_nothing_for_missed_ticks(
+    declare: Declare, caplog: pytest.LogCaptureFixture
+) -> None:
+    declare("sched.skip", Schedule("*/10 * * * *", timezone="UTC"))
+    seed("sched.skip", utc(2026, 1, 1, 10))
+    with caplog.at_level(logging.WARNING, logger="django_jobs.scheduler"):
+        assert run_schedules(utc(2026, 1, 1, 11, 5)) == []
+    assert "schedule=sched.skip missed=skip skipped=6" in caplog.text
+    assert JobSchedule.objects.get().last_tick == utc(2026, 1, 1, 11)
+    # It resumes with the next tick.
+    (run,) = run_schedules(utc(2026, 1, 1, 11, 10, 3))
+    assert run.run_at == utc(2026, 1, 1, 11, 10)
+
+
+def test_catch_up_policy_starts_one_run_per_missed_tick_oldest_first(declare: Declare) -> None:
+    declare("sched.catch_up", Schedule("*/10 * * * *", timezone="UTC", missed="catch_up"))
+    seed("sched.catch_up", utc(2026, 1, 1, 10))
+    runs = run_schedules(utc(2026, 1, 1, 11, 5))
+    expected = [utc(2026, 1, 1, 10, 10) + timedelta(minutes=10 * n) for n in range(6)]
+    assert [run.run_at for run in runs] == expected
+    assert run_ats("sched.catch_up") == expected
+    assert run_schedules(utc(2026, 1, 1, 11, 5)) == []
+    # Oldest first: the claim order is priority, then run_at.
+    assert drain() == 6
+    finished = JobRun.objects.filter(job_type="sched.catch_up").order_by("started_at")
+    assert [run.run_at for run in finished] == expected
+
+
+def test_catch_up_after_long_downtime_is_capped(declare: Declare) -> None:
+    declare("sched.capped", Schedule("* * * * *", timezone="UTC", missed="catch_up"))
+    seed("sched.capped", utc(2025, 1, 1))
+    now = utc(2026, 1, 1, 0, 0, 20)
+    runs = run_schedules(now)
+    assert len(runs) == CATCH_UP_LIMIT
+    assert runs[-1].run_at == utc(2026, 1, 1)
+    assert JobSchedule.objects.get().last_tick == utc(2026, 1, 1)
+
+
+def test_a_row_reset_by_hand_cannot_start_a_second_run_for_a_tick(declare: Declare) -> None:
+    declare("sched.reset", Schedule("0 * * * *", timezone="UTC", missed="catch_up"))
+    seed("sched.reset", utc(2026, 1, 1, 9, 30))
+    (first,) = run_schedules(utc(2026, 1, 1, 10, 0, 5))
+    JobSchedule.objects.update(last_tick=utc(2026, 1, 1, 9, 30))
+    (again,) = run_schedules(utc(2026, 1, 1, 10, 0, 10))
+    assert again.pk == first.pk  # the idempotency key found the stored run
+    assert JobRun.objects.count() == 1
+
+
+def test_a_deleted_row_is_a_first_sight_again(declare: Declare) -> None:
+    declare("sched.deleted", Schedule("* * * * *", timezone="UTC", missed="catch_up"))
+    seed("sched.deleted", utc(2026, 1, 1, 10))
+    handled = entry("sched.deleted")
+    JobSchedule.objects.all().delete()
+    result = fire(handled, utc(2026, 1, 1, 12))
+    assert (result.runs, result.next_tick) == ([], utc(2026, 1, 1, 12, 1))
+    assert JobSchedule.objects.get().created_at == utc(2026, 1, 1, 12)
+
+
+def test_a_changed_declaration_is_written_for_the_admin(declare: Declare) -> None:
+    declare("sched.changed", Schedule("0 3 * * *", timezone="UTC"))
+    run_schedules(utc(2026, 1, 1))
+    unregister("sched.changed")
+    declare("sched.changed", Schedule("0 4 * * *", timezone="Europe/Paris", missed="catch_up"))
+    run_schedules(utc(2026, 1, 1, 0, 1))
+    row = JobSchedule.objects.get()
+    assert (row.cron, row.timezone, row.missed, row.next_tick) == (
+        "0 4 * * *",
+        "Europe/Paris",
+        "catch_up",
+        utc(2026, 1, 1, 3),
+    )
+
+
+# --- two real connections racing one tick ------------------------------------------------
+
+
+@pytest.mark.parametrize("first_commits", [True, False])
+def test_the_second_worker_waits_for_the_first_and_starts_nothing(
+    declare: Declare, first_commits: bool
+) -> None:
+    declare("sched.race", Schedule("*/5 * * * *", timezone="UTC"))
+    seed("sched.race", utc(2026, 1, 1, 10))
+    handled, now = entry("sched.race"), utc(2026, 1, 1, 10, 5, 1)
+    holding, release = threading.Event(), threading.Event()
+
+    def first() -> int:
+        # Fires, then keeps its transaction (and the row lock) open.
+        with transaction.atomic():
+            runs = fire(handled, now).runs
+            holding.set()
+            assert release.wait(30)
+            if not first_commits:
+                transaction.set_rollback(True)
+        return len(runs)
+
+    with ThreadPoolExecutor(2) as pool:
+        one = pool.submit(lambda: _closing(first))
+        assert holding.wait(30)
+        two = pool.submit(lambda: _closing(lambda: len(fire(handled, now).runs)))
+        # The second worker's conditional UPDATE waits on the first's row lock.
+        wait_until(lambda: lock_waiters() == 1, timeout=10)
+        assert not two.done()
+        release.set()
+        started = (one.result(timeout=30), two.result(timeout=30))
+    assert started == ((1, 0) if first_commits else (1, 1))
+    (run,) = JobRun.objects.all()
+    assert run.run_at == utc(2026, 1, 1, 10, 5)
+    assert JobSchedule.objects.get().last_tick == utc(2026, 1, 1, 10, 5)
+
+
+def _closing(fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    finally:
+        connections.close_all()
+
+
+def test_many_workers_racing_every_tick_start_one_run_each(declare: Declare) -> None:
+    declare("sched.stampede", Schedule("* * * * *", timezone="UTC", missed="catch_up"))
+    seed("sched.stampede", utc(2026, 1, 1, 10))
+    workers, rounds = 6, 10
+    for minute in range(1, rounds + 1):
+        now = utc(2026, 1, 1, 10, minute, 1)
+        barrier = threading.Barrier(workers)
+
+        def race(_: int, now: datetime = now, barrier: threading.Barrier = barrier) -> int:
+            barrier.wait(timeout=10)
+            return len(_closing(lambda: run_schedules(now)))
+
+        with ThreadPoolExecutor(workers) as pool:
+            assert sum(pool.map(race, range(workers))) == 1
+    expected = [utc(2026, 1, 1, 10, minute) for minute in range(1, rounds + 1)]
+    assert run_ats("sched.stampede") == expected
+
+
+# --- the worker's scheduler -----------------------------------------------------------
+
+
+class Clock:
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def test_scheduler_touches_the_database_only_when_a_tick_is_due(
+    declare: Declare, django_assert_num_queries: Any
+) -> None:
+    declare("sched.cheap", Schedule("0 * * * *", timezone="UTC"))
+    clock = Clock(utc(2026, 1, 1, 10, 0, 30))
+    cheap = Scheduler(["default"], threading.Event(), clock=clock)
+    assert cheap.step() == 60.0  # synced; the next tick is 59.5 minutes away: capped
+    clock.now = utc(2026, 1, 1, 10, 59, 59)
+    with django_assert_num_queries(0):
+        assert cheap.step() == pytest.approx(1.0)
+    clock.now = utc(2026, 1, 1, 11, 0, 0)
+    assert cheap.step() == 60.0
+    assert run_ats("sched.cheap") == [utc(2026, 1, 1, 11)]
+
+
+def test_scheduler_serves_only_its_pools_schedules(declare: Declare) -> None:
+    declare("sched.mine", "@hourly")
+    declare("sched.theirs", "@hourly", pool="elsewhere")
+    assert [e.name for e in Scheduler(["default"], threading.Event()).entries] == ["sched.mine"]
+    assert [e.name for e in Scheduler(None, threading.Event()).entries] == [
+        "sched.mine",
+        "sched.theirs",
+    ]
+
+
+def test_scheduler_survives_database_errors_and_bad_schedules(
+    declare: Declare,
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    declare("sched.big", Schedule("* * * * *", timezone="UTC", input={"blob": "x" * 100}))
+    declare("sched.fine", Schedule("* * * * *", timezone="UTC"))
+    clock = Clock(utc(2026, 1, 1, 10, 0, 30))
+    survivor = Scheduler(["default"], threading.Event(), clock=clock)
+    survivor.step()
+    # The input grew past the limit since the schedule was declared: this one fails.
+    settings.DJANGO_JOBS = {**settings.DJANGO_JOBS, "MAX_INPUT_BYTES": 50}
+    real_fire = scheduler.fire
+    outage = [OperationalError("the database went away")]
+
+    def flaky_fire(entry: Entry, now: datetime) -> Any:
+        if outage:
+            raise outage.pop()
+        return real_fire(entry, now)
+
+    monkeypatch.setattr(scheduler, "fire", flaky_fire)
+    clock.now = utc(2026, 1, 1, 10, 1, 1)
+    with caplog.at_level(logging.WARNING, logger="django_jobs.scheduler"):
+        assert survivor.step() == 1.0  # backoff after the outage
+        assert survivor.step() == pytest.approx(30.0)  # the big one retries in 30 s
+    assert "scheduler database error (the database went away); retrying in 1.0s" in caplog.text
+    assert "schedule=sched.big could not start its run" in caplog.text
+    assert run_ats("sched.fine") == [utc(2026, 1, 1, 10, 1)]
+    assert run_ats("sched.big") == []
+    assert JobSchedule.objects.get(name="sched.big").last_tick is None  # rolled back
+
+
+def test_worker_catches_up_missed_ticks_and_runs_them(declare: Declare) -> None:
+    declare("sched.worker", Schedule("* * * * *", timezone="UTC", missed="catch_up"))
+    last = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=3)
+    seed("sched.worker", last)
+    worker = Worker(["default"], concurrency=2, poll_interval=0.05)
+    thread = threading.Thread(target=lambda: _closing(worker.run))
+    thread.start()
+    try:
+        wait_until(lambda: JobRun.objects.filter(status=Status.COMPLETED).count() >= 3)
+    finally:
+        worker.request_stop()
+        thread.join(30)
+    assert not thread.is_alive()
+    ticks = run_ats("sched.worker")
+    assert ticks[:3] == [last + timedelta(minutes=n) for n in (1, 2, 3)]
+    assert len(ticks) == len(set(ticks))
+    assert not any(t.name == "django-jobs-scheduler" for t in threading.enumerate())
+
+
+def test_scheduler_thread_only_when_asked_and_there_are_schedules(declare: Declare) -> None:
+    # The test app declares no schedules, so other tests' workers schedule nothing.
+    assert Worker(["default"])._start_scheduler() is None
+    declare("sched.thread", "@hourly")
+    assert Worker(["default"], scheduler=False)._start_scheduler() is None
+    assert Worker(["elsewhere"])._start_scheduler() is None
+    worker = Worker(["default"])
+    thread = worker._start_scheduler()
+    assert thread is not None
+    assert thread.name == "django-jobs-scheduler"
+    wait_until(lambda: JobSchedule.objects.filter(name="sched.thread").exists())
+    worker.stopping.set()
+    thread.join(10)
+    assert not thread.is_alive()
+
+
+# --- admin --------------------------------------------------------------------------
+
+
+def test_admin_lists_schedules_read_only(declare: Declare, admin_client: Client) -> None:
+    declare("sched.admin", Schedule("0 3 * * *", timezone="Europe/Paris"))
+    run_schedules()
+    page = admin_client.get("/admin/django_jobs/jobschedule/")
+    assert page.status_code == 200
+    assert b"sched.admin" in page.content
+    assert b"Europe/Paris" in page.content
+    detail = admin_client.get("/admin/django_jobs/jobschedule/sched.admin/change/")
+    assert detail.status_code == 200
+    assert b"overdue" in detail.content.lower()
+    assert admin_client.get("/admin/django_jobs/jobschedule/add/").status_code == 403
