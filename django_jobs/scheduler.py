@@ -155,7 +155,11 @@ def fire(entry: Entry, now: datetime) -> Fired:
         )
     for run in runs:
         logger.info(
-            "schedule=%s run=%s type=%s tick=%s", entry.name, run.pk, run.job_type, run.run_at
+            "schedule=%s run=%s type=%s tick=%s",
+            entry.name,
+            run.pk,
+            run.job_type,
+            run.run_at.isoformat(),
         )
     return Fired(runs, next_tick)
 

@@ -15,11 +15,21 @@ from django.utils import timezone
 
 from .. import conf
 from ..models import JobSchedule
+from ..schedules import entries
 
 
 @admin.register(JobSchedule)
 class JobScheduleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = ["name", "job_type", "cron", "timezone", "missed", "last_tick", "next_tick"]
+    list_display = [
+        "name",
+        "job_type",
+        "cron",
+        "timezone",
+        "missed",
+        "last_tick",
+        "next_tick",
+        "declared",
+    ]
     list_filter = ["missed"]
     search_fields = ["name", "job_type"]
     readonly_fields = (
@@ -31,6 +41,7 @@ class JobScheduleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "last_tick",
         "next_tick",
         "overdue",
+        "declared",
         "created_at",
         "updated_at",
     )
@@ -44,6 +55,11 @@ class JobScheduleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def overdue(self, schedule: JobSchedule) -> bool:
         """Whether the next tick has passed unhandled: no worker of the job's pool schedules it."""
         return schedule.next_tick is not None and schedule.next_tick < timezone.now()
+
+    @admin.display(description="declared", boolean=True)
+    def declared(self, schedule: JobSchedule) -> bool:
+        """Whether this code base still declares the schedule (a removed one's row stays)."""
+        return schedule.name in {entry.name for entry in entries()}
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -10,10 +10,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from django.contrib.admin import site
 from django.db import OperationalError, connections, transaction
 from django.test import Client
 
 from django_jobs import Schedule, job, scheduler
+from django_jobs.admin.schedules import JobScheduleAdmin
 from django_jobs.models import JobRun, JobSchedule, Status
 from django_jobs.registry import JobHandler, unregister
 from django_jobs.scheduler import Scheduler, fire, run_schedules, sync
@@ -381,3 +383,13 @@ def test_admin_lists_schedules_read_only(declare: Declare, admin_client: Client)
     assert detail.status_code == 200
     assert b"overdue" in detail.content.lower()
     assert admin_client.get("/admin/django_jobs/jobschedule/add/").status_code == 403
+    gone = JobSchedule.objects.create(
+        name="sched.gone", job_type="sched.gone", cron="@daily", timezone="UTC", missed="skip"
+    )
+    model_admin = site._registry[JobSchedule]
+    assert isinstance(model_admin, JobScheduleAdmin)
+    assert model_admin.declared(JobSchedule.objects.get(name="sched.admin"))
+    assert not model_admin.declared(gone)
+    assert not model_admin.overdue(gone)  # no next tick stored
+    gone.next_tick = utc(2020, 1, 1)
+    assert model_admin.overdue(gone)
