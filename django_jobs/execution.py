@@ -210,17 +210,27 @@ def _hand_off(hand_off: HandOff, claim: Claim, output: Any, duration: float) -> 
 def error_write(handler: JobHandler, claim: Claim, exc: BaseException) -> Write:
     """The write for a handler that raised: a retry with backoff, or failed."""
     policy = handler.retry
-    if policy.should_retry(exc, claim.attempt):
+    if _goes_again(handler, claim, exc):
         error = error_record(exc, claim.attempt, retryable=True)
         delay = policy.delay(claim.attempt)
         return partial(_write, claims.reschedule, claim, error, Outcome.RETRY, delay)
     return fail_write(claim, error_record(exc, claim.attempt, retryable=policy.is_retryable(exc)))
 
 
+def _goes_again(handler: JobHandler, claim: Claim, exc: BaseException) -> bool:
+    """Whether the run gets another attempt: attempts left and a retryable error.
+
+    The attempts are the run's own ``max_attempts``, stored at enqueue (as rescue
+    reads them), so a deploy that changes a policy does not change what queued
+    runs were promised; the policy still says which errors are retryable.
+    """
+    return claim.attempt < int(claim.row["max_attempts"]) and handler.retry.is_retryable(exc)
+
+
 def timeout_write(handler: JobHandler, claim: Claim) -> Write:
     """The write for a run past its timeout: a retry per its policy, or timed out."""
     exc = JobTimeout(f"run {claim.run_id} exceeded its timeout of {handler.timeout:g}s")
-    if handler.retry.should_retry(exc, claim.attempt):
+    if _goes_again(handler, claim, exc):
         return error_write(handler, claim, exc)
     error = error_record(exc, claim.attempt, retryable=False)
     return _end_write(claim, Outcome.TIMED_OUT, error, cancel_requested_at=Now())

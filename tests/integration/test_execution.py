@@ -117,3 +117,13 @@ def test_drain_of_one_pool_leaves_the_others() -> None:
     start("tests.noop")
     assert drain("echo") == 1
     assert JobRun.objects.get(job_type="tests.noop").status == Status.PENDING
+
+
+@pytest.mark.parametrize(("stored", "attempts"), [(1, 1), (2, 2), (5, 5)])
+def test_the_attempts_stored_at_enqueue_bound_the_retries(stored: int, attempts: int) -> None:
+    # tests.flaky's policy says 3 attempts; a run enqueued under another policy keeps its own.
+    run = start("tests.flaky")
+    JobRun.objects.filter(pk=run.pk).update(max_attempts=stored)
+    drain()
+    run.refresh_from_db()
+    assert (run.status, run.attempts) == (Status.FAILED, attempts)
