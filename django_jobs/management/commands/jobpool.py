@@ -6,9 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from django_jobs.management.arguments import pool_name
 from django_jobs.pools import pause_pool, paused_pools, resume_pool
-
-from .runjobworker import pool_name
 
 
 class Command(BaseCommand):

@@ -10,10 +10,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
 
 from django_jobs import conf
+from django_jobs.management.arguments import describe, duration, pool_name, positive_float
 from django_jobs.status import FINISHED, Snapshot, age, snapshot
-
-from .prunejobs import describe, duration
-from .runjobworker import pool_name, positive_float
 
 COLUMNS = ["pool", "state", "pending", "oldest", "running", "waiting", *FINISHED, "runs/min"]
 

@@ -2,39 +2,15 @@
 
 from __future__ import annotations
 
-import argparse
-import re
-from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from django_jobs.management.arguments import describe, duration, positive_int
 from django_jobs.models import TERMINAL_STATUSES
 from django_jobs.retention import prune
 
-from .runjobworker import positive_int
-
-UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 DEFAULT_RETENTION = "30d"
-
-
-def duration(value: str) -> timedelta:
-    """``30d``, ``12h``, ``90m``, ``45s``, ``2w``: a positive age."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", value)
-    if match is None or float(match[1]) <= 0:
-        raise argparse.ArgumentTypeError(
-            f"expected an age such as 30d, 12h, 90m, 45s or 2w, got {value!r}"
-        )
-    return timedelta(**{UNITS[match[2]]: float(match[1])})
-
-
-def describe(age: timedelta) -> str:
-    """``age`` in the largest unit that divides it: ``30d``, ``12h``, ``90s``."""
-    seconds = age.total_seconds()
-    for unit, size in (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds % size == 0:
-            return f"{int(seconds // size)}{unit}"
-    return f"{seconds:g}s"
 
 
 class Command(BaseCommand):

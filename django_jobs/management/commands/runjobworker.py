@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from typing import Any
@@ -13,43 +12,10 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_jobs import conf
 from django_jobs.checks import check_database
 from django_jobs.logstream import BurstHandler
+from django_jobs.management.arguments import pool_name, port, positive_float, positive_int
 from django_jobs.worker import Worker
 
 VERBOSITY_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
-
-
-def positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
-    return number
-
-
-def positive_float(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a positive number of seconds, got {value!r}"
-        ) from None
-    if not number > 0 or number == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {value!r}")
-    return number
-
-
-def pool_name(value: str) -> str:
-    if not value.strip() or len(value) > 100:
-        raise argparse.ArgumentTypeError(f"expected a pool name (1-100 characters), got {value!r}")
-    return value
-
-
-def port(value: str) -> int:
-    if not value.isdigit() or not 1 <= int(value) <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a TCP port (1-65535), got {value!r}")
-    return int(value)
 
 
 class Command(BaseCommand):
