@@ -111,7 +111,10 @@ def execute(
         # A bug of ours, not the handler's: still end the run, never leave it running.
         logger.exception("run=%s could not be executed", claim.run_id)
         outcome = settle(claim, _last_resort(claim, exc), stop)
-    if outcome is not Outcome.QUEUED:
+    # A run the watchdog ended (timeout, ignored cancel) was logged and counted
+    # then; the handler's late return is only the LOST write that follows.
+    fenced_off = outcome is Outcome.LOST and ctx is not None and ctx.fenced_off
+    if outcome is not Outcome.QUEUED and not fenced_off:
         log_outcome(claim, outcome, time.monotonic() - started)
         if outcome is not Outcome.COMPLETED:
             # The handler may have failed on a broken connection (to any

@@ -50,7 +50,21 @@ DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 class QueueCollector(Collector):
     """Per pool, at scrape time: runs by unfinished status, lag, live workers, paused."""
 
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        """The metric names, without a query (the registry asks at registration)."""
+        return iter([])
+
     def collect(self) -> Iterator[GaugeMetricFamily]:
+        connection = connections[conf.get().DATABASE]
+        try:
+            yield from self._collect()
+        finally:
+            # prometheus_client serves each scrape on a new thread: its
+            # connection would otherwise stay open until garbage-collected.
+            if not connection.in_atomic_block:
+                connection.close()
+
+    def _collect(self) -> Iterator[GaugeMetricFamily]:
         up = GaugeMetricFamily(
             "django_jobs_queue_up", "1 when the queue's state could be read from the database"
         )
@@ -58,8 +72,6 @@ class QueueCollector(Collector):
             shot = snapshot(window=_WINDOW)
         except DatabaseError:
             logger.warning("metrics: the queue's state could not be read", exc_info=True)
-            # A broken connection would fail every later scrape on this thread.
-            connections[conf.get().DATABASE].close_if_unusable_or_obsolete()
             up.add_metric([], 0)
             yield up
             return

@@ -193,3 +193,33 @@ def test_without_opentelemetry_there_is_no_span(monkeypatch: pytest.MonkeyPatch)
     assert drain() == 1
     run.refresh_from_db()
     assert run.status == "completed"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_the_watchdog_ended_is_counted_once(registry: CollectorRegistry) -> None:
+    from django_jobs.worker import Worker as JobWorker
+
+    run = start("tests.slow", {"seconds": 1.5})
+    assert JobWorker(["default"], burst=True, poll_interval=0.05).run() == 0
+    run.refresh_from_db()
+    assert run.status == "timed_out"
+    slow = {"job_type": "tests.slow", "pool": "default"}
+    assert sample(registry, "django_jobs_runs_total", **slow, outcome="timed_out") == 1
+    assert sample(registry, "django_jobs_runs_total", **slow, outcome="lost") is None
+
+
+def test_a_scrape_leaves_no_connection_open(registry: CollectorRegistry) -> None:
+    import threading
+
+    from django.db import connections
+
+    opened: list[bool] = []
+
+    def scrape() -> None:
+        assert sample(registry, "django_jobs_queue_up") == 1
+        opened.append(connections["default"].connection is not None)
+
+    thread = threading.Thread(target=scrape)
+    thread.start()
+    thread.join(timeout=30)
+    assert opened == [False]
