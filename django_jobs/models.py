@@ -79,7 +79,7 @@ class Worker(models.Model):
 class JobPool(models.Model):
     """A pool workers claim from; a paused pool's pending runs are left unclaimed.
 
-    Rows are made by workers at start and by ``pausepool``; a pool without a row
+    Rows are made by workers at start and by ``jobpool pause``; a pool without a row
     is simply not paused.
     """
 
