@@ -111,11 +111,11 @@ def execute(
         # A bug of ours, not the handler's: still end the run, never leave it running.
         logger.exception("run=%s could not be executed", claim.run_id)
         outcome = settle(claim, _last_resort(claim, exc), stop)
-    # A run the watchdog ended (timeout, ignored cancel) was logged and counted
-    # then; the handler's late return is only the LOST write that follows.
-    fenced_off = outcome is Outcome.LOST and ctx is not None and ctx.fenced_off
-    if outcome is not Outcome.QUEUED and not fenced_off:
-        log_outcome(claim, outcome, time.monotonic() - started)
+    if outcome is not Outcome.QUEUED:
+        # A run the watchdog ended (timeout, ignored cancel) was counted then;
+        # the handler's late return is logged (its result dropped), not counted again.
+        late = outcome is Outcome.LOST and ctx is not None and ctx.fenced_off
+        log_outcome(claim, outcome, time.monotonic() - started, observe=not late)
         if outcome is not Outcome.COMPLETED:
             # The handler may have failed on a broken connection (to any
             # database): close it, so the next run on this thread gets a fresh one.
@@ -380,8 +380,8 @@ Observer = Callable[[Claim, Outcome, float], None]
 outcome_observers: list[Observer] = []
 
 
-def log_outcome(claim: Claim, outcome: Outcome, duration: float) -> None:
-    """The one INFO line per run outcome (no payloads); then the observers."""
+def log_outcome(claim: Claim, outcome: Outcome, duration: float, *, observe: bool = True) -> None:
+    """The one INFO line per run outcome (no payloads); then the observers, if ``observe``."""
     logger.info(
         "run=%s type=%s outcome=%s attempt=%d duration=%.3fs",
         claim.run_id,
@@ -390,8 +390,8 @@ def log_outcome(claim: Claim, outcome: Outcome, duration: float) -> None:
         claim.attempt,
         duration,
     )
-    for observe in outcome_observers:
+    for observer in outcome_observers if observe else ():
         try:
-            observe(claim, outcome, duration)
+            observer(claim, outcome, duration)
         except Exception:
-            logger.exception("run=%s outcome observer %r failed", claim.run_id, observe)
+            logger.exception("run=%s outcome observer %r failed", claim.run_id, observer)
