@@ -378,6 +378,7 @@ def reschedule(claim: Claim, error: dict[str, Any], delay: float) -> bool:
             run_at=_after(delay),
             lease_token=None,
             claimed_by=None,
+            progress=None,
         )
     )
 
@@ -412,6 +413,7 @@ def release(worker_id: uuid.UUID, claims: Iterable[Claim]) -> int:
             run_at=Now(),
             lease_token=None,
             claimed_by=None,
+            progress=None,
         )
     )
 
@@ -501,7 +503,13 @@ def rescue_stale(
         requeued = (
             _runs()
             .filter(pk__in=again, status=Status.RUNNING)
-            .update(status=Status.PENDING, run_at=Now(), lease_token=None, claimed_by=None)
+            .update(
+                status=Status.PENDING,
+                run_at=Now(),
+                lease_token=None,
+                claimed_by=None,
+                progress=None,
+            )
         )
         if requeued:
             notify_pools(row["pool"] for row in rows if row["id"] in again)

@@ -98,6 +98,7 @@ class JobContext:
         self._seq = 0
         self._steps: dict[str, dict[str, Any]] | None = None
         self._progress_written: tuple[float, dict[str, Any]] | None = None
+        self._progress_pending: dict[str, Any] | None = None
 
     @property
     def claim(self) -> Claim:
@@ -149,7 +150,10 @@ class JobContext:
 
         Written at once the first time, when ``done`` reaches ``total`` and when
         the message changes; otherwise at most once per second, so a handler may
-        call it on every item of a long loop.
+        call it on every item of a long loop. A value held back is written by a
+        later call, after the next step, before a sleep or wait, and when the
+        handler returns. An attempt that ends without ending the run (a retry,
+        a rescue, a release at shutdown) clears the run's progress.
         """
         progress = _progress(done, total, message)
         now = time.monotonic()
@@ -159,7 +163,17 @@ class JobContext:
             or last[1]["message"] != progress["message"]
             or (total is not None and done >= total)
         ):
+            self._progress_pending = progress
             return
+        self._write_progress(progress, now)
+
+    def flush_progress(self) -> None:
+        """Write the progress value the throttle held back, if any."""
+        if self._progress_pending is not None:
+            self._write_progress(self._progress_pending, time.monotonic())
+
+    def _write_progress(self, progress: dict[str, Any], now: float) -> None:
+        self._progress_pending = None
         progress["at"] = timezone.now()
         if not claims.fenced(self._claim).update(progress=progress):
             raise LeaseLost(f"run {self.run_id} is no longer held by this worker")
@@ -181,6 +195,7 @@ class JobContext:
             return recorded["output"]
         self.check_cancel()
         output = self._run_step(key, seq, fn, atomic)
+        self.flush_progress()
         step_completed.send_robust(
             JobRun, run_id=self.run_id, job_type=self.job_type, step_id=key, output=output
         )
@@ -346,6 +361,7 @@ class JobContext:
                 f"run {self.run_id}: ctx.sleep() and ctx.wait_for() cannot be called "
                 "inside transaction.atomic(); call them outside it"
             )
+        self.flush_progress()
         outcome = suspend(self._claim, arg)
         if outcome == lifecycle.CANCEL_REQUESTED:
             self.request_cancel()

@@ -172,7 +172,7 @@ def _run_handler(
     ctx.atomic_depth = len(jobs_connection().atomic_blocks)
     try:
         with tracing.run_span(claim, suspended=(Suspended, LeaseLost)):
-            result = handler(ctx)
+            result = _call(handler, ctx)
     except Suspended:
         return lambda: Outcome.WAITING
     except LeaseLost:
@@ -196,6 +196,22 @@ def _run_handler(
     elif hand_off is not None and handler.on_end is None and not _listened(signals.run_completed):
         return partial(_hand_off, hand_off, claim, output, time.monotonic() - ctx.started)
     return partial(_write, complete, claim, output, Outcome.COMPLETED)
+
+
+def _call(handler: JobHandler, ctx: JobContext) -> Any:
+    """Call the handler, then write the progress its throttle held back.
+
+    The progress is a report, not the outcome: failing to write it (the run
+    was lost, the connection broke) is logged and leaves the outcome to the write
+    that follows.
+    """
+    try:
+        return handler(ctx)
+    finally:
+        try:
+            ctx.flush_progress()
+        except (LeaseLost, DatabaseError) as exc:
+            logger.warning("run=%s last progress not written: %s", ctx.run_id, exc)
 
 
 def _listened(signal: Signal) -> bool:

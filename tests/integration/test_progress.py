@@ -64,7 +64,7 @@ def test_writes_are_throttled_except_first_message_change_and_end(
     ctx = held(run)
     ctx.set_progress(1, 10)
     assert stored(run)["done"] == 1
-    ctx.set_progress(2, 10)  # within the interval: kept for later
+    ctx.set_progress(2, 10)  # within the interval: held back
     assert stored(run)["done"] == 1
     ctx.set_progress(3, 10, message="halfway")  # a new message is written at once
     assert (stored(run)["done"], stored(run)["message"]) == (3, "halfway")
@@ -73,6 +73,63 @@ def test_writes_are_throttled_except_first_message_change_and_end(
     monkeypatch.setattr(context, "PROGRESS_INTERVAL", 0.0)
     ctx.set_progress(11, message="halfway")
     assert (stored(run)["done"], stored(run)["total"]) == (11, None)
+
+
+def test_a_held_back_value_is_written_after_the_next_step() -> None:
+    run = RunningJobRunFactory()
+    ctx = held(run)
+    ctx.set_progress(1, 10)
+    ctx.set_progress(2, 10)
+    assert stored(run)["done"] == 1
+    ctx.step("fetch", lambda: "fetched")
+    assert stored(run)["done"] == 2
+
+
+def test_a_held_back_value_is_written_when_the_handler_returns() -> None:
+    from django_jobs import start
+
+    run = start("tests.progress_held", {})
+    assert drain() == 1
+    run.refresh_from_db()
+    assert run.status == Status.COMPLETED
+    assert (run.progress["done"], run.progress["total"]) == (2, 10)
+
+
+def test_a_run_that_failed_for_good_keeps_its_last_progress() -> None:
+    from django_jobs import start
+
+    run = start("tests.progress_held", {"fail": True})
+    JobRun.objects.filter(pk=run.pk).update(max_attempts=1)
+    assert drain() == 1
+    run.refresh_from_db()
+    assert run.status == Status.FAILED
+    assert run.progress["done"] == 2
+
+
+def test_an_automatic_retry_clears_the_attempts_progress() -> None:
+    from django_jobs import start
+
+    run = start("tests.progress_held", {"fail": True})
+    assert drain() == 1
+    run.refresh_from_db()
+    assert (run.status, run.attempts) == (Status.PENDING, 1)
+    assert run.progress is None
+
+
+def test_rescue_and_release_clear_the_progress() -> None:
+    from django_jobs import claims
+
+    rescued = RunningJobRunFactory(claimed_by=None, max_attempts=3)
+    held(rescued).set_progress(1, 10)
+    assert claims.rescue_stale(None, stale_after=30) == (1, 0)
+    assert stored(rescued) is None
+
+    released = RunningJobRunFactory()
+    ctx = held(released)
+    ctx.set_progress(1, 10)
+    assert released.claimed_by_id is not None
+    assert claims.release(released.claimed_by_id, [ctx.claim]) == 1
+    assert stored(released) is None
 
 
 def test_a_worker_that_lost_the_run_writes_no_progress() -> None:

@@ -245,3 +245,13 @@ def progress(ctx: JobContext) -> int:
     for done in range(1, items + 1):
         ctx.set_progress(done, items, message="" if done < items else "all done")
     return items
+
+
+@job("tests.progress_held", retry=RetryPolicy(attempts=2, base_delay=3600, jitter=False))
+def progress_held(ctx: JobContext) -> int:
+    """Report 1 then 2 of 10 at once (the 2 held back by the throttle), then maybe fail."""
+    ctx.set_progress(1, 10)
+    ctx.set_progress(2, 10)
+    if ctx.input.get("fail"):
+        raise RuntimeError("failed after reporting progress")
+    return 2
