@@ -53,3 +53,55 @@ def test_0007_gives_unfinished_runs_an_entry_per_counted_attempt() -> None:
     finally:
         executor = MigrationExecutor(connection)
         executor.migrate(leaves)
+
+
+def _finished_index() -> tuple[bool, str] | None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT i.indisvalid, pg_get_indexdef(i.indexrelid) FROM pg_index i"
+            " JOIN pg_class c ON c.oid = i.indexrelid WHERE c.relname = 'django_jobs_run_finished'"
+        )
+        row = cursor.fetchone()
+    return None if row is None else (bool(row[0]), str(row[1]))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_0010_builds_the_index_again_over_an_invalid_one_a_failed_build_left() -> None:
+    """A failed CREATE INDEX CONCURRENTLY leaves an invalid index behind; running
+    migrate again must replace it, not fail on the name."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    before, after = ("django_jobs", "0009_schedules"), ("django_jobs", "0010_finished_index")
+    executor = MigrationExecutor(connection)
+    leaves = executor.loader.graph.leaf_nodes("django_jobs")
+    executor.migrate([before])
+    try:
+        assert _finished_index() is None
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO django_jobs_jobrun (job_type, pool, status, priority, attempts,"
+                " max_attempts, input, tags, trigger_source, trigger_ref, close_policy,"
+                " cancel_reason, cancel_cascade) SELECT 'tests.noop', 'default', 'pending', 0, 0,"
+                " 1, '{}', '[]', 'api', '', 'terminate', '', true FROM generate_series(1, 2)"
+            )
+            # A unique build over duplicate rows fails and leaves its index invalid.
+            with pytest.raises(Exception, match="could not create unique index"):
+                cursor.execute(
+                    "CREATE UNIQUE INDEX CONCURRENTLY django_jobs_run_finished"
+                    " ON django_jobs_jobrun (job_type)"
+                )
+        left = _finished_index()
+        assert left is not None
+        assert not left[0]
+        executor = MigrationExecutor(connection)
+        executor.migrate([after])
+        built = _finished_index()
+        assert built is not None
+        assert built[0]
+        assert "(finished_at) WHERE (finished_at IS NOT NULL)" in built[1]
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.migrate(leaves)
