@@ -28,6 +28,9 @@ DEFAULTS: dict[str, Any] = {
 DURATION_KEYS = frozenset(
     {"POLL_INTERVAL", "HEARTBEAT_INTERVAL", "STALE_THRESHOLD", "SHUTDOWN_TIMEOUT", "CANCEL_GRACE"}
 )
+# The longest duration setting: a longer one is a mistake (and near 292 years a
+# thread's wait overflows).
+MAX_DURATION = 7 * 86_400.0
 
 
 def to_seconds(value: Any) -> float:
@@ -68,8 +71,8 @@ def problems() -> list[str]:
     merged = {**DEFAULTS, **{k: v for k, v in given.items() if k in DEFAULTS}}
     for key in sorted(DURATION_KEYS):
         try:
-            if to_seconds(merged[key]) <= 0:
-                found.append(f"{key} must be positive, got {merged[key]!r}")
+            if not 0 < to_seconds(merged[key]) <= MAX_DURATION:  # NaN fails both
+                found.append(f"{key} must be positive and at most a week, got {merged[key]!r}")
         except TypeError:
             found.append(f"{key} must be seconds or a timedelta, got {merged[key]!r}")
     if not isinstance(merged["DATABASE"], str):

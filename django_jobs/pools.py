@@ -21,6 +21,7 @@ from .notify import notify_pools
 logger = logging.getLogger(__name__)
 
 MAX_POOL_NAME = 100
+MAX_PAUSE_REASON = 1000
 
 
 def pool_problem(name: object) -> str | None:
@@ -30,6 +31,17 @@ def pool_problem(name: object) -> str | None:
     if len(name) > MAX_POOL_NAME:
         return f"is longer than {MAX_POOL_NAME} characters"
     if "\x00" in name:
+        return "contains a NUL character"
+    return None
+
+
+def reason_problem(reason: object) -> str | None:
+    """Why ``reason`` cannot be a pause reason, or None."""
+    if not isinstance(reason, str):
+        return "is not a string"
+    if len(reason) > MAX_PAUSE_REASON:
+        return f"is longer than {MAX_PAUSE_REASON} characters"
+    if "\x00" in reason:
         return "contains a NUL character"
     return None
 
@@ -49,6 +61,9 @@ def _pools() -> Any:
 def pause_pool(name: str, *, reason: str = "") -> bool:
     """Stop workers claiming runs of pool ``name``; False when it was paused already."""
     name = _checked(name)
+    problem = reason_problem(reason)
+    if problem is not None:
+        raise ValueError(f"pause reason {problem}")
     pools = _pools()
     pools.bulk_create([JobPool(name=name)], ignore_conflicts=True)
     changed = pools.filter(name=name, paused_at__isnull=True).update(

@@ -15,7 +15,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 
-from ..pools import pause_pool, pool_problem, resume_pool
+from ..pools import pause_pool, pool_problem, reason_problem, resume_pool
 from ..status import age, snapshot
 
 # Finished runs and runs/min on the pools page count over this span.
@@ -68,11 +68,13 @@ class PoolsPageMixin:
     def _pause_or_resume(self, request: HttpRequest) -> None:
         name = request.POST.get("pool", "")
         operation = request.POST.get("operation")
+        reason = request.POST.get("reason", "").strip()
         problem = pool_problem(name)
         if problem is not None:
             self._tell(request, f"Pool {name!r} {problem}.", messages.ERROR)
+        elif operation == "pause" and (problem := reason_problem(reason)) is not None:
+            self._tell(request, f"The pause reason {problem}.", messages.ERROR)
         elif operation == "pause":
-            reason = request.POST.get("reason", "").strip()
             if pause_pool(name, reason=reason):
                 self._tell(request, f"Paused pool {name!r}: workers stop claiming its runs.")
             else:

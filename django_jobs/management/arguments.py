@@ -19,15 +19,20 @@ def positive_int(value: str) -> int:
     return number
 
 
+# Longer intervals are mistakes, and past about 292 years a sleep overflows.
+MAX_SECONDS = 86_400.0
+MAX_AGE = timedelta(days=36_500)
+
+
 def positive_float(value: str) -> float:
+    """Seconds: a positive number up to a day (``--poll-interval``, ``--watch``)."""
+    message = f"expected a positive number of seconds up to {MAX_SECONDS:g}, got {value!r}"
     try:
         number = float(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a positive number of seconds, got {value!r}"
-        ) from None
-    if not number > 0 or number == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {value!r}")
+        raise argparse.ArgumentTypeError(message) from None
+    if not 0 < number <= MAX_SECONDS:  # NaN fails both comparisons
+        raise argparse.ArgumentTypeError(message)
     return number
 
 
@@ -44,13 +49,15 @@ def port(value: str) -> int:
 
 
 def duration(value: str) -> timedelta:
-    """``30d``, ``12h``, ``90m``, ``45s``, ``2w``: a positive age."""
+    """``30d``, ``12h``, ``90m``, ``45s``, ``2w``: a positive age up to 100 years."""
+    message = f"expected an age such as 30d, 12h, 90m, 45s or 2w, got {value!r}"
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", value)
     if match is None or float(match[1]) <= 0:
-        raise argparse.ArgumentTypeError(
-            f"expected an age such as 30d, 12h, 90m, 45s or 2w, got {value!r}"
-        )
-    return timedelta(**{UNITS[match[2]]: float(match[1])})
+        raise argparse.ArgumentTypeError(message)
+    seconds = float(match[1]) * timedelta(**{UNITS[match[2]]: 1}).total_seconds()
+    if seconds > MAX_AGE.total_seconds():
+        raise argparse.ArgumentTypeError(f"expected an age up to 100 years (36500d), got {value!r}")
+    return timedelta(seconds=seconds)
 
 
 def describe(age: timedelta) -> str:

@@ -76,6 +76,13 @@ def test_bad_pool_names_are_refused(name: object) -> None:
     assert not JobPool.objects.exists()
 
 
+@pytest.mark.parametrize("reason", ["a\x00b", "x" * 1001, 3])
+def test_bad_pause_reasons_are_refused(reason: object) -> None:
+    with pytest.raises(ValueError, match="pause reason"):
+        pause_pool("mail", reason=reason)  # type: ignore[arg-type]
+    assert paused_pools() == {}
+
+
 def test_a_worker_records_the_pools_it_serves() -> None:
     claims.register_worker("host", 1, ["default", "mail"], 4)
     claims.register_worker("host", 2, ["mail"], 4)
@@ -112,6 +119,7 @@ def test_the_command_pauses_lists_and_resumes() -> None:
         ["pause"],
         ["pause", ""],
         ["pause", "x" * 101],
+        ["pause", "mail", "--reason", "x" * 1001],
         ["resume"],
     ],
 )
@@ -162,6 +170,8 @@ def test_the_admin_refuses_pausing_without_the_permission() -> None:
     [
         ({"pool": "", "operation": "pause"}, "is not a non-empty string"),
         ({"pool": "mail", "operation": "explode"}, "Unknown operation"),
+        ({"pool": "mail", "operation": "pause", "reason": "a\x00b"}, "contains a NUL character"),
+        ({"pool": "mail", "operation": "pause", "reason": "x" * 1001}, "longer than 1000"),
     ],
 )
 def test_the_admin_reports_bad_posts(data: dict[str, str], message: str) -> None:

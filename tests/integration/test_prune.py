@@ -103,6 +103,8 @@ def test_a_run_retried_is_no_longer_finished_and_stays() -> None:
         (["--older-than", "30"], "expected an age such as 30d"),
         (["--older-than=-3d"], "expected an age such as 30d"),
         (["--older-than", "0d"], "expected an age such as 30d"),
+        (["--older-than", "99999999999999999999d"], "expected an age up to 100 years"),
+        (["--older-than", "36501d"], "expected an age up to 100 years"),
         (["--status", "pending"], "invalid choice: 'pending'"),
         (["--batch-size", "0"], "expected a positive integer"),
     ],

@@ -116,6 +116,7 @@ def test_one_line_per_outcome_and_no_payloads(start_worker: StartWorker) -> None
         (["--concurrency", "abc"], "expected a positive integer, got 'abc'"),
         (["--max-runs", "-3"], "expected a positive integer, got '-3'"),
         (["--poll-interval", "nan"], "expected a positive number of seconds"),
+        (["--poll-interval", "1e12"], "expected a positive number of seconds up to 86400"),
         (["--pool", ""], "expected a pool name"),
         (["--bogus"], "unrecognized arguments: --bogus"),
         (["--metrics-port", "0"], "expected a TCP port (1-65535), got '0'"),

@@ -45,6 +45,10 @@ def test_unknown_key_is_an_error_naming_it(settings: Any) -> None:
     "value",
     [
         {"POLL_INTERVAL": -1},
+        {"POLL_INTERVAL": float("nan")},
+        {"SHUTDOWN_TIMEOUT": float("inf")},
+        {"HEARTBEAT_INTERVAL": 1e12},
+        {"CANCEL_GRACE": timedelta(days=8)},
         {"POLL_INTERVAL": "1s"},
         {"MAX_INPUT_BYTES": 0},
         {"LISTEN_NOTIFY": "yes"},

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
 from django_jobs.management.arguments import pool_name
-from django_jobs.pools import pause_pool, paused_pools, resume_pool
+from django_jobs.pools import pause_pool, paused_pools, reason_problem, resume_pool
+
+
+def pause_reason(value: str) -> str:
+    problem = reason_problem(value)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"the reason {problem}")
+    return value
 
 
 class Command(BaseCommand):
@@ -20,7 +28,9 @@ class Command(BaseCommand):
         actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
         pause = actions.add_parser("pause", help="stop workers claiming runs of these pools")
         pause.add_argument("pools", nargs="+", type=pool_name, metavar="POOL")
-        pause.add_argument("--reason", default="", help="shown in the admin and in jobstatus")
+        pause.add_argument(
+            "--reason", default="", type=pause_reason, help="shown in the admin and in jobstatus"
+        )
         resume = actions.add_parser("resume", help="let workers claim runs of these pools again")
         resume.add_argument("pools", nargs="+", type=pool_name, metavar="POOL")
         actions.add_parser("list", help="list the paused pools")
