@@ -42,9 +42,10 @@ MACROS = {
     "@midnight": "0 0 * * *",
     "@hourly": "0 * * * *",
 }
-# The longest each month can be; February 29 exists in leap years.
-MONTH_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 MINUTE = timedelta(minutes=1)
+DAY = timedelta(days=1)
+# The Gregorian calendar, weekdays included, repeats every 400 years.
+CYCLE_YEARS = 400
 
 
 @dataclass(frozen=True)
@@ -88,31 +89,31 @@ class Cron:
             return in_days or in_weekdays
         return in_days and in_weekdays
 
-    def next_wall(self, start: datetime) -> datetime:
+    def next_wall(self, start: datetime) -> datetime | None:
         """Return the first matching naive wall time at or after ``start`` (whole minutes).
 
         Whole months, days and hours that cannot match are skipped at once.
+        None when nothing matches within 400 years: the Gregorian calendar
+        repeats every 400 years (weekdays included), so nothing ever will.
         """
         day, hour, minute = start.date(), start.hour, start.minute
-        # parse() refuses expressions that never match; February 29 recurs
-        # within 8 years, so this bound is never reached.
-        last_year = day.year + 9
+        last_year = day.year + CYCLE_YEARS
         while day.year <= last_year:
             if day.month not in self.months:
                 day = self._next_month(day)
                 hour = minute = 0
             elif not self.matches_day(day) or (h := _first_at_least(self.hours, hour)) is None:
-                day += timedelta(days=1)
+                day += DAY
                 hour = minute = 0
             elif h != hour:
                 hour, minute = h, 0
             elif (m := _first_at_least(self.minutes, minute)) is None:
                 hour, minute = hour + 1, 0
                 if hour == 24:
-                    day, hour = day + timedelta(days=1), 0
+                    day, hour = day + DAY, 0
             else:
                 return datetime.combine(day, time(hour, m))
-        raise AssertionError(f"cron {self.expression!r} found no tick after {start}")
+        return None
 
     def _next_month(self, day: date) -> date:
         later = _first_at_least(self.months, day.month + 1)
@@ -129,13 +130,15 @@ class Cron:
             raise ValueError(f"instant must be an aware datetime, got {instant!r}")
         wall = instant.astimezone(zone).replace(tzinfo=None, second=0, microsecond=0) + MINUTE
         while True:
-            wall = self.next_wall(wall)
-            tick = wall_to_instant(wall, zone)
+            found = self.next_wall(wall)
+            if found is None:  # parse() refuses such an expression
+                raise ValueError(f"cron {self.expression!r} never fires")
+            tick = wall_to_instant(found, zone)
             # Not later than ``instant``: a wall time whose first occurrence
             # passed (in a repeated hour), or a gap's tick already fired.
             if tick > instant:
                 return tick
-            wall += MINUTE
+            wall = found + MINUTE
 
 
 def wall_to_instant(wall: datetime, zone: tzinfo) -> datetime:
@@ -236,12 +239,9 @@ def _number(expression: str, text: str, spec: _Field, *, what: str) -> int:
 
 
 def _check_possible(cron: Cron) -> None:
-    """Refuse day-of-month lists no month of the expression has ("0 0 30 2 *")."""
-    if cron.weekdays_restricted and cron.days_restricted:
-        return  # any matching weekday fires
-    if any(day <= MONTH_DAYS[month - 1] for month in cron.months for day in cron.days):
-        return
-    raise _error(cron.expression, "no month of the expression has such a day: it never fires")
+    """Refuse an expression no day of the 400-year calendar cycle matches ("0 0 30 2 *")."""
+    if cron.next_wall(datetime(2000, 1, 1)) is None:
+        raise _error(cron.expression, "no date matches its day and month fields: it never fires")
 
 
 def _first_at_least(values: tuple[int, ...], minimum: int) -> int | None:

@@ -66,39 +66,44 @@ def _definition(entry: Entry) -> dict[str, str]:
 
 
 def sync(items: Sequence[Entry], now: datetime) -> dict[str, datetime]:
-    """Make the rows of schedules seen for the first time; return each schedule's next tick."""
-    using = _using()
-    JobSchedule.objects.using(using).bulk_create(
+    """Make the rows of schedules seen for the first time; return each schedule's next tick.
+
+    Each schedule is synced on its own: one that fails is logged and given a
+    retry time instead of a tick, and the others still run. A database error
+    ends the whole pass.
+    """
+    due = {}
+    for entry in items:
+        try:
+            due[entry.name] = _sync(entry, now)
+        except DatabaseError:
+            raise
+        except Exception:
+            logger.exception("schedule=%s could not be synced; retrying later", entry.name)
+            due[entry.name] = now + ERROR_RETRY
+    return due
+
+
+def _sync(entry: Entry, now: datetime) -> datetime:
+    table = JobSchedule.objects.using(_using())
+    definition = _definition(entry)
+    table.bulk_create(
         [
             JobSchedule(
                 name=entry.name,
                 created_at=now,
                 updated_at=now,
                 next_tick=entry.schedule.next_after(now),
-                **_definition(entry),
+                **definition,
             )
-            for entry in items
         ],
         ignore_conflicts=True,
     )
-    rows = {
-        row["name"]: row
-        for row in JobSchedule.objects.using(using)
-        .filter(name__in=[entry.name for entry in items])
-        .values("name", "last_tick", "created_at", "cron", "timezone", "missed", "job_type")
-    }
-    due = {}
-    for entry in items:
-        row = rows[entry.name]
-        after = row["last_tick"] or row["created_at"]
-        due[entry.name] = entry.schedule.next_after(after)
-        definition = _definition(entry)
-        stored = {key: row[key] for key in ("job_type", "cron", "timezone", "missed")}
-        if stored != definition:
-            # The declaration changed since a worker last wrote it: show the new one.
-            JobSchedule.objects.using(using).filter(name=entry.name).update(
-                next_tick=due[entry.name], updated_at=now, **definition
-            )
+    row = table.values("last_tick", "created_at", *definition).get(name=entry.name)
+    due = entry.schedule.next_after(row["last_tick"] or row["created_at"])
+    if {key: row[key] for key in definition} != definition:
+        # The declaration changed since a worker last wrote it: show the new one.
+        table.filter(name=entry.name).update(next_tick=due, updated_at=now, **definition)
     return due
 
 

@@ -334,6 +334,29 @@ def test_scheduler_survives_database_errors_and_bad_schedules(
     assert JobSchedule.objects.get(name="sched.big").last_tick is None  # rolled back
 
 
+class Unsyncable(Schedule):
+    def next_after(self, instant: datetime) -> datetime:
+        raise ValueError("no next tick")
+
+
+def test_a_schedule_that_cannot_sync_does_not_stop_the_others(
+    declare: Declare, caplog: pytest.LogCaptureFixture
+) -> None:
+    declare("sched.broken", "* * * * *")
+    declare("sched.healthy", Schedule("* * * * *", timezone="UTC"))
+    broken = Entry("sched.broken", "sched.broken", "default", Unsyncable("* * * * *"))
+    clock = Clock(utc(2026, 1, 1, 10, 0, 30))
+    survivor = Scheduler(["default"], threading.Event(), clock=clock)
+    survivor.entries = [broken, entry("sched.healthy")]
+    with caplog.at_level(logging.ERROR, logger="django_jobs.scheduler"):
+        assert survivor.step() == 30.0  # the broken one is tried again in 30 s
+        clock.now = utc(2026, 1, 1, 10, 1, 1)
+        assert survivor.step() == 30.0
+    assert caplog.text.count("schedule=sched.broken could not be synced; retrying later") == 2
+    assert run_ats("sched.healthy") == [utc(2026, 1, 1, 10, 1)]
+    assert list(JobSchedule.objects.values_list("name", flat=True)) == ["sched.healthy"]
+
+
 def test_worker_catches_up_missed_ticks_and_runs_them(declare: Declare) -> None:
     declare("sched.worker", Schedule("* * * * *", timezone="UTC", missed="catch_up"))
     last = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=3)

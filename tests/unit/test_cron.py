@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -112,7 +113,7 @@ def test_macros(macro: str, same_as: str) -> None:
         ("mon * * * *", "minute value 'mon' is not a number"),
         ("? * * * *", "minute value '?' is not a number"),
         ("@reboot", "unknown macro '@reboot'; use one of @yearly"),
-        ("0 0 30 2 *", "no month of the expression has such a day: it never fires"),
+        ("0 0 30 2 *", "no date matches its day and month fields: it never fires"),
         ("0 0 31 4,6,9,11 *", "it never fires"),
     ],
 )
@@ -185,6 +186,33 @@ def test_weekday_7_and_names_fire_on_sundays() -> None:
     sundays = [utc(2026, 3, 1), utc(2026, 3, 8)]
     for text in ("0", "7", "sun", "SUN"):
         assert ticks(f"0 0 * * {text}", utc(2026, 2, 28), 2) == sundays
+
+
+def test_ticks_many_years_apart_are_found() -> None:
+    # February 29 that is a Sunday ("*/7" is unrestricted: both fields must match).
+    assert ticks("0 0 29 2 */7", utc(2026, 1, 1), 3) == [
+        utc(2032, 2, 29),
+        utc(2060, 2, 29),
+        utc(2088, 2, 29),
+    ]
+    # February 29, or any Monday of February (both fields restricted: either).
+    assert ticks("0 0 29 2 1", utc(2027, 2, 20), 4) == [
+        utc(2027, 2, 22),
+        utc(2028, 2, 7),
+        utc(2028, 2, 14),
+        utc(2028, 2, 21),
+    ]
+    assert ticks("0 0 29 2 1", utc(2028, 2, 27), 2) == [utc(2028, 2, 28), utc(2028, 2, 29)]
+
+
+def test_an_expression_that_never_fires_is_refused_not_searched_forever() -> None:
+    with pytest.raises(ValueError, match="it never fires"):
+        parse("0 0 31 4,6,9,11 *")
+    # Made without parse(): the search gives up after the 400-year calendar cycle.
+    never = replace(parse("0 0 30 * *"), months=(2,))
+    assert never.next_wall(datetime(2026, 1, 1)) is None
+    with pytest.raises(ValueError, match="cron '0 0 30 \\* \\*' never fires"):
+        never.next_after(utc(2026, 1, 1), UTC)
 
 
 def test_far_ticks_are_found_without_walking_every_minute() -> None:
@@ -432,6 +460,7 @@ def test_valid_settings_schedules_pass(settings: Any) -> None:
             "E009",
             "not JSON-serializable",
         ),
+        ({"job_type": "tests.noop", "cron": "0 0 30 2 *"}, "E010", "it never fires"),
         ({"cron": "@daily"}, "E009", "'job_type' must be a job type, got None"),
         ("0 3 * * *", "E009", "must be a dict, not str"),
     ],
