@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Count, Min
+from django.db.models import Count, DateTimeField, DurationField, ExpressionWrapper, F, Min, Value
+from django.db.models.functions import Now
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -151,10 +152,14 @@ def _seconds(value: timedelta | None) -> float | None:
 def snapshot(
     *, window: timedelta = timedelta(minutes=5), pools: list[str] | None = None
 ) -> Snapshot:
-    """Read the queue's state now; ``pools`` limits it to those pools."""
+    """Read the queue's state now; ``pools`` limits it to those pools.
+
+    Ages (lag, heartbeats, running time) are measured on the database's clock,
+    the one workers write with, so a reading host whose clock is off sees the
+    same numbers.
+    """
     if window.total_seconds() <= 0:
         raise ValueError(f"window must be positive, got {window!r}")
-    now = timezone.now()
     found: dict[str, PoolStatus] = {}
 
     def pool(name: str) -> PoolStatus:
@@ -167,13 +172,14 @@ def snapshot(
     for status in UNFINISHED:
         for row in runs.filter(status=status).values("pool").annotate(n=Count("id")):
             pool(row["pool"]).counts[status] = row["n"]
-    due = runs.filter(status=Status.PENDING, run_at__lte=now).values("pool")
-    for oldest in due.annotate(oldest=Min("run_at")):
-        pool(oldest["pool"]).oldest_pending = max(now - oldest["oldest"], timedelta(0))
-    recent = runs.filter(finished_at__gte=now - window).values("pool", "status")
+    due = runs.filter(status=Status.PENDING, run_at__lte=Now()).values("pool")
+    for oldest in due.annotate(lag=_since(Min("run_at"))):
+        pool(oldest["pool"]).oldest_pending = max(oldest["lag"], timedelta(0))
+    since = ExpressionWrapper(Now() - Value(window), output_field=DateTimeField())
+    recent = runs.filter(finished_at__gte=since).values("pool", "status")
     for finished in recent.annotate(n=Count("id")):
         pool(finished["pool"]).counts[finished["status"]] = finished["n"]
-    workers = _workers(now, pools)
+    workers = _workers(pools)
     for worker in workers:
         if not worker.stale:
             for name in worker.pools:
@@ -181,12 +187,17 @@ def snapshot(
                     pool(name).workers += 1
     _add_pool_rows(pool, pools)
     return Snapshot(
-        taken_at=now,
+        taken_at=timezone.now(),
         window=window,
         pools=[found[name] for name in sorted(found)],
         workers=workers,
-        progress=_progress(runs, now),
+        progress=_progress(runs),
     )
+
+
+def _since(moment: Any) -> ExpressionWrapper[Any]:
+    """The time from ``moment`` (an expression) to the database's now."""
+    return ExpressionWrapper(Now() - moment, output_field=DurationField())
 
 
 def _add_pool_rows(pool: Any, pools: list[str] | None) -> None:
@@ -200,16 +211,18 @@ def _add_pool_rows(pool: Any, pools: list[str] | None) -> None:
         status.pause_reason = row.pause_reason
 
 
-def _workers(now: datetime, pools: list[str] | None) -> list[WorkerState]:
+def _workers(pools: list[str] | None) -> list[WorkerState]:
     stale_after = timedelta(seconds=conf.get().STALE_THRESHOLD)
-    live = Worker.objects.using(conf.get().DATABASE).filter(
-        status__in=[WorkerStatus.RUNNING, WorkerStatus.STOPPING]
+    live = (
+        Worker.objects.using(conf.get().DATABASE)
+        .filter(status__in=[WorkerStatus.RUNNING, WorkerStatus.STOPPING])
+        .annotate(heartbeat_age=_since(F("heartbeat_at")))
     )
     states = []
     for worker in live.order_by("hostname", "pid"):
         if pools is not None and worker.pools and not set(worker.pools) & set(pools):
             continue
-        age = max(now - worker.heartbeat_at, timedelta(0))
+        age = max(worker.heartbeat_age, timedelta(0))
         states.append(
             WorkerState(
                 id=str(worker.pk),
@@ -224,11 +237,12 @@ def _workers(now: datetime, pools: list[str] | None) -> list[WorkerState]:
     return states
 
 
-def _progress(runs: Any, now: datetime) -> list[RunProgress]:
+def _progress(runs: Any) -> list[RunProgress]:
     """Running runs that reported progress, most recently started first."""
     rows = (
         runs.filter(status=Status.RUNNING, progress__isnull=False)
         .values("id", "job_type", "pool", "attempts", "started_at", "progress")
+        .annotate(running_for=_since(F("started_at")))
         .order_by("-started_at")[:PROGRESS_LIMIT]
     )
     found = []
@@ -240,7 +254,7 @@ def _progress(runs: Any, now: datetime) -> list[RunProgress]:
                 job_type=row["job_type"],
                 pool=row["pool"],
                 attempt=row["attempts"],
-                running_for=now - row["started_at"] if row["started_at"] else None,
+                running_for=row["running_for"],
                 done=progress.get("done", 0),
                 total=progress.get("total"),
                 message=progress.get("message", ""),

@@ -20,25 +20,23 @@ from tests.factories import JobRunFactory, RunningJobRunFactory, WorkerFactory
 
 pytestmark = pytest.mark.django_db
 
-NOW = timezone.now()
-
-
 def populate() -> None:
     """Two pools with runs in every state, old and recent, and three workers."""
+    now = timezone.now()
     live = WorkerFactory(pools=["default", "mail"], concurrency=8)
-    WorkerFactory(pools=["mail"], heartbeat_at=NOW - timedelta(minutes=5))  # stale
+    WorkerFactory(pools=["mail"], heartbeat_at=now - timedelta(minutes=5))  # stale
     WorkerFactory(pools=["mail"], status=WorkerStatus.STOPPED)
-    JobRunFactory(run_at=NOW - timedelta(seconds=90))
-    JobRunFactory(run_at=NOW - timedelta(seconds=30))
-    JobRunFactory(run_at=NOW + timedelta(hours=1))  # pending, not due: no lag
+    JobRunFactory(run_at=now - timedelta(seconds=90))
+    JobRunFactory(run_at=now - timedelta(seconds=30))
+    JobRunFactory(run_at=now + timedelta(hours=1))  # pending, not due: no lag
     RunningJobRunFactory(
-        claimed_by=live, progress={"done": 3, "total": 4, "message": "almost", "at": NOW}
+        claimed_by=live, progress={"done": 3, "total": 4, "message": "almost", "at": now}
     )
     JobRunFactory(pool="mail", status=Status.WAITING)
     for minutes, status in [(1, Status.COMPLETED), (2, Status.COMPLETED), (3, Status.FAILED)]:
-        JobRunFactory(status=status, finished_at=NOW - timedelta(minutes=minutes))
-    JobRunFactory(status=Status.COMPLETED, finished_at=NOW - timedelta(hours=2))  # outside
-    JobRunFactory(pool="mail", status=Status.TIMED_OUT, finished_at=NOW - timedelta(seconds=5))
+        JobRunFactory(status=status, finished_at=now - timedelta(minutes=minutes))
+    JobRunFactory(status=Status.COMPLETED, finished_at=now - timedelta(hours=2))  # outside
+    JobRunFactory(pool="mail", status=Status.TIMED_OUT, finished_at=now - timedelta(seconds=5))
 
 
 def test_the_snapshot_counts_per_pool() -> None:
@@ -72,6 +70,26 @@ def test_the_snapshot_counts_per_pool() -> None:
         "almost",
         75.0,
     )
+
+
+def test_ages_are_measured_on_the_database_clock_not_the_readers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A host whose clock runs an hour ahead (a web process reading the status)
+    must not see every worker stale and every run an hour late."""
+    populate()
+    ahead = timezone.now() + timedelta(hours=1)
+    monkeypatch.setattr("django_jobs.status.timezone.now", lambda: ahead)
+    shot = snapshot(window=timedelta(minutes=5))
+    pools = {pool.name: pool for pool in shot.pools}
+    assert pools["default"].oldest_pending is not None
+    assert pools["default"].oldest_pending < timedelta(minutes=10)
+    assert [w.stale for w in shot.workers] == [False, True]
+    assert shot.workers[0].heartbeat_age < timedelta(minutes=1)
+    assert shot.runs_per_minute(pools["default"]) == pytest.approx(3 / 5)
+    (progress,) = shot.progress
+    assert progress.running_for is not None
+    assert progress.running_for < timedelta(minutes=1)
 
 
 def test_the_snapshot_can_be_limited_to_pools_and_has_a_short_window() -> None:
