@@ -82,3 +82,11 @@ def test_every_system_check_is_documented() -> None:
     assert len(codes) >= 9
     page = (DOCS / "checks.md").read_text()
     assert sorted(c for c in codes if f"`django_jobs.{c}`" not in page) == []
+
+
+def test_the_readme_links_every_page() -> None:
+    readme = (ROOT / "README.md").read_text()
+    pages = {path.name for path in DOCS.glob("*.md")} - {"index.md"}
+    assert pages, "no pages found"
+    missing = sorted(page for page in pages if f"(docs/{page})" not in readme)
+    assert missing == []

@@ -20,6 +20,7 @@ from tests.factories import JobRunFactory, RunningJobRunFactory, WorkerFactory
 
 pytestmark = pytest.mark.django_db
 
+
 def populate() -> None:
     """Two pools with runs in every state, old and recent, and three workers."""
     now = timezone.now()
