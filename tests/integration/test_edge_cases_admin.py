@@ -145,7 +145,8 @@ class SameBatch:
     def _writer_blocked(self) -> bool:
         with connection.cursor() as cursor:
             cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock' "
                 "AND query LIKE '%%UPDATE \"django_jobs_jobrun\" AS run%%'"
             )
             return bool(cursor.fetchone()[0])

@@ -154,7 +154,8 @@ def test_a_notification_lost_while_the_listener_is_down_is_covered_by_polling(
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE query LIKE 'LISTEN %%' AND pid <> pg_backend_pid()"
+                "WHERE datname = current_database() AND query LIKE 'LISTEN %%' "
+                "AND pid <> pg_backend_pid()"
             )
         wait_until(lambda: listeners() == 0, timeout=10)
         run = start("tests.noop")
@@ -170,7 +171,8 @@ def listeners() -> int:
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FROM pg_stat_activity "
-            "WHERE query LIKE 'LISTEN %%' AND pid <> pg_backend_pid()"
+            "WHERE datname = current_database() AND query LIKE 'LISTEN %%' "
+            "AND pid <> pg_backend_pid()"
         )
         return int(cursor.fetchone()[0])
 

@@ -82,7 +82,8 @@ def test_a_listener_whose_connection_is_killed_reconnects() -> None:
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE query LIKE 'LISTEN %%' AND pid <> pg_backend_pid()"
+                "WHERE datname = current_database() AND query LIKE 'LISTEN %%' "
+                "AND pid <> pg_backend_pid()"
             )
         wait_until(lambda: not listener.connected.is_set(), timeout=10)
         wait_until(listener.connected.is_set, timeout=20)
