@@ -14,6 +14,9 @@ module holds every statement that writes ``JobSchedule`` rows; the locking:
   the new row version (READ COMMITTED) and updates nothing, so the second
   starts nothing. If the first rolls back, the second proceeds. Nothing else
   locks the row, and the transaction holds the lock only while it inserts the runs.
+* A changed cron expression or time zone moves ``last_tick`` forward to the
+  syncing worker's now, as ``GREATEST(last_tick, created_at, now)`` in one
+  UPDATE: never back past ticks another worker handled meanwhile.
 * Each run carries the idempotency key ``schedule:<name>:<UTC instant>``,
   unique per job type (``django_jobs_run_idempotency``): even a row reset by
   hand cannot start a second run for an instant whose run is still stored.
@@ -26,8 +29,11 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import DatabaseError, connections, transaction
+from django.db.models import Value
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from . import conf
@@ -100,10 +106,19 @@ def _sync(entry: Entry, now: datetime) -> datetime:
         ignore_conflicts=True,
     )
     row = table.values("last_tick", "created_at", *definition).get(name=entry.name)
-    due = entry.schedule.next_after(row["last_tick"] or row["created_at"])
-    if {key: row[key] for key in definition} != definition:
-        # The declaration changed since a worker last wrote it: show the new one.
-        table.filter(name=entry.name).update(next_tick=due, updated_at=now, **definition)
+    after = row["last_tick"] or row["created_at"]
+    if {key: row[key] for key in definition} == definition:
+        return entry.schedule.next_after(after)
+    # The declaration changed since a worker last wrote it: show the new one.
+    changes: dict[str, Any] = {}
+    if (row["cron"], row["timezone"]) != (definition["cron"], definition["timezone"]):
+        # The new expression's ticks before now were never due: counting them
+        # as missed would start them all under catch_up. GREATEST, so a tick
+        # another worker has handled meanwhile is not handled again.
+        after = max(after, now)
+        changes["last_tick"] = Greatest("last_tick", "created_at", Value(now))
+    due = entry.schedule.next_after(after)
+    table.filter(name=entry.name).update(next_tick=due, updated_at=now, **changes, **definition)
     return due
 
 

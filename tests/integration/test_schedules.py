@@ -203,6 +203,39 @@ def test_a_changed_declaration_is_written_for_the_admin(declare: Declare) -> Non
     )
 
 
+@pytest.mark.parametrize(
+    "changed",
+    [
+        Schedule("0 * * * *", timezone="UTC", missed="catch_up"),  # daily made hourly
+        Schedule("0 0 * * *", timezone="America/New_York", missed="catch_up"),  # 05:00 UTC
+    ],
+)
+def test_a_changed_cron_or_zone_counts_its_ticks_from_the_change(
+    declare: Declare, changed: Schedule
+) -> None:
+    declare("sched.rewritten", Schedule("0 0 * * *", timezone="UTC", missed="catch_up"))
+    seed("sched.rewritten", utc(2026, 1, 1))
+    unregister("sched.rewritten")
+    declare("sched.rewritten", changed)
+    # Ticks of the new expression since the last handled one were never due.
+    assert run_schedules(utc(2026, 1, 1, 12, 30)) == []
+    row = JobSchedule.objects.get()
+    assert (row.cron, row.timezone) == (changed.cron, changed.zone.key)
+    assert row.last_tick == utc(2026, 1, 1, 12, 30)
+    assert row.next_tick == changed.next_after(utc(2026, 1, 1, 12, 30))
+    (run,) = run_schedules(row.next_tick + timedelta(seconds=5))
+    assert run.run_at == row.next_tick
+
+
+def test_a_changed_policy_keeps_the_missed_ticks(declare: Declare) -> None:
+    declare("sched.policy", Schedule("0 * * * *", timezone="UTC"))
+    seed("sched.policy", utc(2026, 1, 1))
+    unregister("sched.policy")
+    declare("sched.policy", Schedule("0 * * * *", timezone="UTC", missed="catch_up"))
+    runs = run_schedules(utc(2026, 1, 1, 3, 0, 5))
+    assert [run.run_at for run in runs] == [utc(2026, 1, 1, hour) for hour in (1, 2, 3)]
+
+
 # --- two real connections racing one tick ------------------------------------------------
 
 
