@@ -78,7 +78,14 @@ def _progress(done: Any, total: Any, message: Any) -> dict[str, Any]:
 
 
 class JobContext:
-    """The handler's view of one attempt of one run."""
+    """The handler's view of one attempt of one run, passed as its only argument.
+
+    ``ctx.input`` is the run's input and ``ctx.attempt`` the attempt's number
+    (1 for the first). Work that must not be repeated on a later attempt goes in
+    ``ctx.step()``; ``ctx.spawn_child()``, ``ctx.wait_for()`` and ``ctx.sleep()``
+    start children and wait without holding a worker slot; long loops call
+    ``ctx.check_cancel()`` and may report ``ctx.set_progress()``.
+    """
 
     def __init__(self, claim: Claim, *, timeout: float | None = None) -> None:
         self._claim = claim

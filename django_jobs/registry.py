@@ -85,7 +85,23 @@ def job(
     priority: int = 0,
     schedule: str | Schedule | None = None,
 ) -> Callable[[HandlerFn], JobHandler]:
-    """Register the decorated function ``fn(ctx)`` as the handler of ``job_type``."""
+    """Register the decorated function ``fn(ctx)`` as the handler of ``job_type``.
+
+    Handlers live in an installed app's ``jobs.py``, imported at startup. The
+    options are defaults for every run of the job type:
+
+    - ``pool``: the queue its runs wait in; a worker serves the pools it is started with.
+    - ``retry``: a :class:`~django_jobs.RetryPolicy`; without one a run has one attempt.
+    - ``timeout``: seconds (or a ``timedelta``) one attempt may take.
+    - ``concurrency_key``: a string, or a callable of the input returning one (or
+      None): at most one run per key runs at a time.
+    - ``priority``: higher is claimed first within a pool.
+    - ``schedule``: a cron string or a :class:`~django_jobs.Schedule`, to start a
+      run at every tick.
+
+    The decorated name becomes a :class:`JobHandler`: call it with a context, or
+    enqueue with its ``start()`` and ``start_many()``.
+    """
     if not isinstance(job_type, str) or not job_type:
         raise TypeError(f"job type must be a non-empty string, got {job_type!r}")
     if not isinstance(pool, str) or not pool:
