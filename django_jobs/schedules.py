@@ -37,7 +37,7 @@ class Schedule:
 
     ``timezone`` is an IANA name (or a ``ZoneInfo``); ``None`` means
     ``settings.TIME_ZONE`` when the schedule is used. ``missed`` is ``"skip"``
-    or ``"catch_up"``. Every run gets ``input`` (JSON, ``{}`` when ``None``).
+    or ``"catch_up"``. Every run gets ``input``: a dict, as JSON (``{}`` when ``None``).
     """
 
     cron: str
@@ -60,7 +60,7 @@ class Schedule:
                 f"missed must be one of {', '.join(map(repr, MISSED_POLICIES))}, "
                 f"got {self.missed!r}"
             )
-        object.__setattr__(self, "input", normalize(self.input or {}, what="schedule input"))
+        object.__setattr__(self, "input", schedule_input(self.input, what="schedule input"))
 
     @property
     def zone(self) -> ZoneInfo:
@@ -83,6 +83,16 @@ def timezone_problem(name: object) -> str | None:
     except (ZoneInfoNotFoundError, ValueError):
         return f"unknown time zone {name!r}"
     return None
+
+
+def schedule_input(value: object, *, what: str) -> dict[str, Any]:
+    """Return a schedule's input as stored (``{}`` for None), or raise ``ValueError``."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} must be a dict, not {type(value).__name__}")
+    normalized: dict[str, Any] = normalize(value, what=what)
+    return normalized
 
 
 @dataclass(frozen=True)
@@ -150,7 +160,7 @@ def entry_problems(name: object, spec: object) -> list[tuple[str, str]]:
             ("E009", f"{where}: 'missed' must be 'skip' or 'catch_up', got {spec['missed']!r}")
         )
     try:
-        normalize(spec.get("input") or {}, what="'input'")
+        schedule_input(spec.get("input"), what="'input'")
     except ValueError as exc:
         found.append(("E009", f"{where}: {exc}"))
     try:

@@ -313,6 +313,9 @@ def test_schedule_defaults_to_settings_time_zone(settings: Any) -> None:
         ({"cron": "* * * * *", "timezone": "../etc"}, ValueError, "unknown time zone '../etc'"),
         ({"cron": "* * * * *", "missed": "all"}, ValueError, "got 'all'"),
         ({"cron": "* * * * *", "input": {"x": object()}}, ValueError, "not JSON-serializable"),
+        ({"cron": "* * * * *", "input": []}, ValueError, "schedule input must be a dict, not list"),
+        ({"cron": "* * * * *", "input": 0}, ValueError, "schedule input must be a dict, not int"),
+        ({"cron": "* * * * *", "input": "x"}, ValueError, "schedule input must be a dict, not str"),
     ],
 )
 def test_schedule_rejects_bad_values(
@@ -456,9 +459,14 @@ def test_valid_settings_schedules_pass(settings: Any) -> None:
         ({"job_type": "tests.noop", "cron": "@daily", "missed": "all"}, "E009", "got 'all'"),
         ({"job_type": "tests.noop", "cron": "@daily", "pool": "x"}, "E009", "unknown key 'pool'"),
         (
-            {"job_type": "tests.noop", "cron": "@daily", "input": {1j}},
+            {"job_type": "tests.noop", "cron": "@daily", "input": {"x": 1j}},
             "E009",
             "not JSON-serializable",
+        ),
+        (
+            {"job_type": "tests.noop", "cron": "@daily", "input": []},
+            "E009",
+            "'input' must be a dict, not list",
         ),
         ({"job_type": "tests.noop", "cron": "0 0 30 2 *"}, "E010", "it never fires"),
         ({"cron": "@daily"}, "E009", "'job_type' must be a job type, got None"),
