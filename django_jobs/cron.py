@@ -1,4 +1,4 @@
-"""Cron expressions: parsing, and the next tick in a time zone. Pure: no database, no settings.
+"""Cron expressions: parsing, and the ticks in a time zone. Pure: no database, no settings.
 
 Five fields, ``minute hour day-of-month month day-of-week``, each a list of
 ``*``, ``N``, ``A-B``, ``*/S``, ``A-B/S`` or ``A/S`` (from A to the field's
@@ -46,6 +46,8 @@ MINUTE = timedelta(minutes=1)
 DAY = timedelta(days=1)
 # The Gregorian calendar, weekdays included, repeats every 400 years.
 CYCLE_YEARS = 400
+# Ticks are whole seconds, so no tick falls between an instant and this before it.
+JUST_BEFORE = timedelta(microseconds=1)
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,38 @@ class Cron:
             if tick > instant:
                 return tick
             wall = found + MINUTE
+
+    def count(self, after: datetime, until: datetime, zone: tzinfo) -> int:
+        """Count the ticks in ``(after, until]`` (aware instants) without walking every one.
+
+        A whole day with one UTC offset throughout has one tick per matching
+        wall time; the first and last days, and days when the offset changes,
+        are walked tick by tick.
+        """
+        day = after.astimezone(zone).date() + DAY
+        last = until.astimezone(zone).date()
+        if day > last:
+            return self._walk(after, until, zone)
+        start = wall_to_instant(datetime.combine(day, time()), zone)
+        total = self._walk(after, start - JUST_BEFORE, zone)
+        per_day = len(self.hours) * len(self.minutes)
+        while day < last:
+            end = wall_to_instant(datetime.combine(day + DAY, time()), zone)
+            # 24 hours, with the offset just before it starts the one at its
+            # end: no gap or repeated hour that day, nor a gap ending at its
+            # midnight (no zone changes its offset twice in a day).
+            if end - start == DAY and _offset(start - JUST_BEFORE, zone) == _offset(end, zone):
+                total += per_day if day.month in self.months and self.matches_day(day) else 0
+            else:
+                total += self._walk(start - JUST_BEFORE, end - JUST_BEFORE, zone)
+            day, start = day + DAY, end
+        return total + self._walk(start - JUST_BEFORE, until, zone)
+
+    def _walk(self, after: datetime, until: datetime, zone: tzinfo) -> int:
+        found, tick = 0, self.next_after(after, zone)
+        while tick <= until:
+            found, tick = found + 1, self.next_after(tick, zone)
+        return found
 
 
 def wall_to_instant(wall: datetime, zone: tzinfo) -> datetime:
@@ -251,3 +285,7 @@ def _first_at_least(values: tuple[int, ...], minimum: int) -> int | None:
 
 def _error(expression: str, detail: str) -> ValueError:
     return ValueError(f"invalid cron expression {expression!r}: {detail}")
+
+
+def _offset(instant: datetime, zone: tzinfo) -> timedelta | None:
+    return instant.astimezone(zone).utcoffset()

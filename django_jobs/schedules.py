@@ -200,7 +200,7 @@ class Plan:
 
     run: list[datetime]
     latest: datetime | None
-    missed: int  # due ticks that get no run (at least this many, beyond the limit)
+    missed: int  # due ticks that get no run
 
 
 def plan(schedule: Schedule, after: datetime, now: datetime) -> Plan:
@@ -209,28 +209,28 @@ def plan(schedule: Schedule, after: datetime, now: datetime) -> Plan:
     A tick more than ``MISSED_AFTER`` old is missed: ``skip`` runs none of them,
     ``catch_up`` runs each, oldest first, up to the latest ``CATCH_UP_LIMIT``.
     """
-    due, more = latest_ticks(schedule, after, now, CATCH_UP_LIMIT)
+    due, total = latest_ticks(schedule, after, now, CATCH_UP_LIMIT)
     if not due:
         return Plan([], None, 0)
     if schedule.missed == "catch_up":
         chosen = due
     else:
         chosen = [tick for tick in due if now - tick <= MISSED_AFTER]
-    return Plan(chosen, due[-1], len(due) - len(chosen) + (1 if more else 0))
+    return Plan(chosen, due[-1], total - len(chosen))
 
 
 def latest_ticks(
     schedule: Schedule, after: datetime, now: datetime, limit: int
-) -> tuple[list[datetime], bool]:
-    """The latest ``limit`` ticks in ``(after, now]``, oldest first; and whether there were more.
+) -> tuple[list[datetime], int]:
+    """The latest ``limit`` ticks in ``(after, now]``, oldest first; and how many there are.
 
     After long downtime the start is found by bisection on the instant, each
-    probe counting at most ``limit + 1`` ticks, so the cost does not grow with
-    the number of ticks missed.
+    probe counting at most ``limit + 1`` ticks, and the total is counted a day
+    at a time, so the cost does not grow with the number of ticks missed.
     """
     ticks = _ticks(schedule, after, now, limit + 1)
     if len(ticks) <= limit:
-        return ticks, False
+        return ticks, len(ticks)
     # More than ``limit`` ticks in (low, now]; at most ``limit`` in (high, now].
     low, high = after, now
     while high - low > timedelta(seconds=1):
@@ -239,7 +239,8 @@ def latest_ticks(
             low = middle
         else:
             high = middle
-    return _ticks(schedule, low, now, limit + 1)[-limit:], True
+    total = schedule.parsed.count(after, now, schedule.zone)
+    return _ticks(schedule, low, now, limit + 1)[-limit:], total
 
 
 def _ticks(schedule: Schedule, after: datetime, now: datetime, count: int) -> list[datetime]:

@@ -158,11 +158,16 @@ def test_catch_up_policy_starts_one_run_per_missed_tick_oldest_first(declare: De
     assert [run.run_at for run in finished] == expected
 
 
-def test_catch_up_after_long_downtime_is_capped(declare: Declare) -> None:
+def test_catch_up_after_long_downtime_is_capped(
+    declare: Declare, caplog: pytest.LogCaptureFixture
+) -> None:
     declare("sched.capped", Schedule("* * * * *", timezone="UTC", missed="catch_up"))
     seed("sched.capped", utc(2025, 1, 1))
     now = utc(2026, 1, 1, 0, 0, 20)
-    runs = run_schedules(now)
+    with caplog.at_level(logging.WARNING, logger="django_jobs.scheduler"):
+        runs = run_schedules(now)
+    # A year of minutes, all but the latest 100.
+    assert "schedule=sched.capped missed=catch_up skipped=525500 " in caplog.text
     assert len(runs) == CATCH_UP_LIMIT
     assert runs[-1].run_at == utc(2026, 1, 1)
     assert JobSchedule.objects.get().last_tick == utc(2026, 1, 1)

@@ -407,9 +407,36 @@ def test_catch_up_after_years_keeps_the_latest_ticks_only() -> None:
     assert len(decided.run) == CATCH_UP_LIMIT
     assert decided.run[-1] == decided.latest == utc(2026, 1, 1, 12, 0)
     assert decided.run[0] == utc(2026, 1, 1, 12, 0) - timedelta(minutes=CATCH_UP_LIMIT - 1)
-    assert decided.missed == 1  # "more than the limit"
+    # Six years (2,192 days) and twelve hours of minutes, all but the latest 100.
+    minutes = 2_192 * 1_440 + 12 * 60
+    assert decided.missed == minutes - CATCH_UP_LIMIT
     skipped = plan(Schedule("* * * * *", timezone="UTC"), utc(2020, 1, 1), now)
     assert (skipped.run, skipped.latest) == ([utc(2026, 1, 1, 12, 0)], utc(2026, 1, 1, 12, 0))
+    assert skipped.missed == minutes - 1  # all but the latest, on time
+    # The latest hourly tick is five minutes late too: all are skipped.
+    hourly = plan(Schedule("0 * * * *", timezone="UTC"), utc(2020, 1, 1), utc(2026, 1, 1, 12, 5))
+    assert (hourly.run, hourly.missed) == ([], 2_192 * 24 + 12)
+
+
+@pytest.mark.parametrize(
+    ("expression", "zone", "after", "until"),
+    [
+        ("* * * * *", "UTC", utc(2026, 1, 1, 10, 0, 0, 1), utc(2026, 1, 9, 10, 30)),
+        ("*/15 * * * *", "Europe/Paris", utc(2025, 12, 30, 7, 3), utc(2027, 1, 2, 11)),
+        ("30 2 * * *", "Europe/Paris", utc(2026, 3, 1), utc(2026, 11, 1)),
+        ("*/30 1-2 * * *", "America/New_York", utc(2026, 1, 1), utc(2026, 12, 31)),
+        ("0 0 13 * fri", "America/Santiago", utc(2025, 1, 1), utc(2027, 1, 1)),  # DST at midnight
+        ("0,30 * * * *", "Australia/Lord_Howe", utc(2026, 1, 1), utc(2027, 1, 1)),  # 30-minute DST
+        ("0 */6 * * *", "Pacific/Apia", utc(2011, 12, 1), utc(2012, 1, 31)),  # 2011-12-30 skipped
+    ],
+)
+def test_ticks_are_counted_as_they_are_walked(
+    expression: str, zone: str, after: datetime, until: datetime
+) -> None:
+    cron, walked, tick = parse(expression), 0, after
+    while (tick := cron.next_after(tick, ZoneInfo(zone))) <= until:
+        walked += 1
+    assert cron.count(after, until, ZoneInfo(zone)) == walked > 0
 
 
 # --- settings and checks ------------------------------------------------------------
