@@ -37,7 +37,8 @@ class Schedule:
 
     ``timezone`` is an IANA name (or a ``ZoneInfo``); ``None`` means
     ``settings.TIME_ZONE`` when the schedule is used. ``missed`` is ``"skip"``
-    or ``"catch_up"``. Every run gets ``input``: a dict, as JSON (``{}`` when ``None``).
+    or ``"catch_up"``. Every run gets ``input``: a JSON value, ``{}`` when
+    ``None`` (as with ``start()``).
     """
 
     cron: str
@@ -85,14 +86,12 @@ def timezone_problem(name: object) -> str | None:
     return None
 
 
-def schedule_input(value: object, *, what: str) -> dict[str, Any]:
-    """Return a schedule's input as stored (``{}`` for None), or raise ``ValueError``."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise ValueError(f"{what} must be a dict, not {type(value).__name__}")
-    normalized: dict[str, Any] = normalize(value, what=what)
-    return normalized
+def schedule_input(value: object, *, what: str) -> Any:
+    """Return a schedule's input as its runs get it, or raise ``ValueError``.
+
+    As with ``start()``: any JSON value, and ``None`` means ``{}``.
+    """
+    return normalize({} if value is None else value, what=what)
 
 
 @dataclass(frozen=True)
