@@ -43,6 +43,9 @@ def scheduled_runs() -> QuerySet[JobRun]:
 
 
 def stop(workers: list[WorkerProcess]) -> None:
+    # A worker still starting (Django's setup, the checks) has no SIGTERM handler
+    # yet and would die of the signal: wait until each has started.
+    wait_until(lambda: all(" started pools=" in worker.output() for worker in workers), timeout=60)
     for worker in workers:
         worker.signal(signal.SIGTERM)
     for worker in workers:
@@ -56,9 +59,9 @@ def test_two_workers_start_one_run_per_missed_tick(start_worker: StartWorker) ->
         for _ in range(2)
     ]
     wait_until(lambda: scheduled_runs().filter(status=Status.COMPLETED).count() >= 4, timeout=60)
+    started = f"scheduler started schedules={NAME}"
+    wait_until(lambda: all(started in worker.output() for worker in workers), timeout=60)
     stop(workers)
-    for worker in workers:
-        assert f"scheduler started schedules={NAME}" in worker.output()
     handled = JobSchedule.objects.get(name=NAME).last_tick
     assert handled is not None
     # Every tick from the seeded one to the latest handled (a minute may have
