@@ -8,7 +8,7 @@ a run.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 from .claims import Claim
@@ -35,8 +35,14 @@ def _tracer() -> Any:
     return _cached[1]
 
 
-@contextmanager
-def run_span(claim: Claim, suspended: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
+# What run_span returns without a tracer: entering and leaving it costs about
+# 0.1 µs a run, a generator-based context manager about 1.2 µs.
+_NO_SPAN = nullcontext()
+
+
+def run_span(
+    claim: Claim, suspended: tuple[type[BaseException], ...] = ()
+) -> AbstractContextManager[None]:
     """Trace one attempt of ``claim``'s handler as a consumer span named after its job type.
 
     An exception is recorded and marks the span as an error, except those in
@@ -45,8 +51,12 @@ def run_span(claim: Claim, suspended: tuple[type[BaseException], ...] = ()) -> I
     """
     tracer = _tracer()
     if tracer is None:
-        yield
-        return
+        return _NO_SPAN
+    return _span(tracer, claim, suspended)
+
+
+@contextmanager
+def _span(tracer: Any, claim: Claim, suspended: tuple[type[BaseException], ...]) -> Iterator[None]:
     row = claim.row
     attributes = {
         "messaging.system": "django_jobs",
