@@ -177,13 +177,22 @@ def _run_handler(
         return lambda: Outcome.WAITING
     except LeaseLost:
         return lambda: Outcome.LOST
-    except JobCanceled as exc:
-        return cancel_write(claim, str(exc) or "the handler raised JobCanceled")
     except BaseException as exc:  # a handler's SystemExit ends its run, not the worker
+        if not ctx.own_outcome():
+            # The worker ended the run over the handler's head (its timeout, an
+            # ignored cancel) and records that: the JobCanceled it raised in the
+            # handler is not a cancel of its own.
+            return lambda: Outcome.LOST
+        if ctx.past_deadline():
+            return timeout_write(handler, claim)
+        if isinstance(exc, JobCanceled):
+            return cancel_write(claim, str(exc) or "the handler raised JobCanceled")
         if isinstance(exc, InvalidStepOutput | InvalidReturnValue):
             return fail_write(claim, error_record(exc, claim.attempt, retryable=False))
         return error_write(handler, claim, exc)
-    if ctx.deadline is not None and time.monotonic() > ctx.deadline:
+    if not ctx.own_outcome():
+        return lambda: Outcome.LOST
+    if ctx.past_deadline():
         return timeout_write(handler, claim)
     try:
         output = normalize(result, what=f"the output of {handler.job_type} run {claim.run_id}")

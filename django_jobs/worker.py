@@ -343,8 +343,9 @@ class Worker:
         """End runs past their timeout, and canceled runs whose handler ignores it."""
         now = time.monotonic()
         for ctx in self._snapshot():
-            if ctx.deadline is not None and now > ctx.deadline and not ctx.fenced_off:
-                ctx.fenced_off = True
+            if ctx.deadline is not None and now > ctx.deadline and ctx.fence_off():
+                # Fenced off first, then told to stop: the handler's JobCanceled
+                # then finds the outcome taken, and this timeout is what is written.
                 ctx.request_cancel()
                 handler = get_handler(ctx.job_type, resolve=True)
                 outcome = settle(ctx.claim, timeout_write(handler, ctx.claim), self.hard_stop)
@@ -352,9 +353,8 @@ class Worker:
             elif (
                 ctx.cancel_noticed_at is not None
                 and now > ctx.cancel_noticed_at + self.cancel_grace
-                and not ctx.fenced_off
+                and ctx.fence_off()
             ):
-                ctx.fenced_off = True
                 message = f"the handler ignored the cancel request for {self.cancel_grace:g}s"
                 outcome = settle(ctx.claim, cancel_write(ctx.claim, message), self.hard_stop)
                 log_outcome(ctx.claim, outcome, now - ctx.started)
