@@ -244,10 +244,17 @@ class JobRun(models.Model):
             ),
         ]
         constraints = [
+            # Idempotency keys are scoped by job type and tenant: two partial
+            # indexes, since NULL (no tenant) is never equal to NULL in one.
             models.UniqueConstraint(
                 fields=["job_type", "idempotency_key"],
                 name="django_jobs_run_idempotency",
-                condition=models.Q(idempotency_key__isnull=False),
+                condition=models.Q(idempotency_key__isnull=False, tenant_id__isnull=True),
+            ),
+            models.UniqueConstraint(
+                fields=["job_type", "tenant_id", "idempotency_key"],
+                name="django_jobs_run_tenant_idempotency",
+                condition=models.Q(idempotency_key__isnull=False, tenant_id__isnull=False),
             ),
             # At most one running run per concurrency key, enforced by the
             # database: two workers claiming at the same instant cannot both win.
