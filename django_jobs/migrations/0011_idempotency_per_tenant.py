@@ -5,8 +5,13 @@
 # transaction on PostgreSQL, so there is no moment without uniqueness; building
 # the two partial indexes blocks writes to the runs table while it lasts (only
 # rows with a key are indexed).
+#
+# It also makes deleting a Worker row that still holds running runs an error
+# (on_delete, in Python only: no SQL).
 
 from django.db import migrations, models
+
+import django_jobs.models
 
 
 class Migration(migrations.Migration):
@@ -35,6 +40,18 @@ class Migration(migrations.Migration):
                 condition=models.Q(("idempotency_key__isnull", False), ("tenant_id__isnull", True)),
                 fields=("job_type", "idempotency_key"),
                 name="django_jobs_run_idempotency",
+            ),
+        ),
+        migrations.AlterField(
+            model_name="jobrun",
+            name="claimed_by",
+            field=models.ForeignKey(
+                blank=True,
+                db_index=False,
+                null=True,
+                on_delete=django_jobs.models.protect_running_runs,
+                related_name="runs",
+                to="django_jobs.worker",
             ),
         ),
     ]
