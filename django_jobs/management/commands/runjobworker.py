@@ -95,6 +95,7 @@ class Command(BaseCommand):
             max_runs=options["max_runs"],
             poll_interval=options["poll_interval"],
             scheduler=options["scheduler"],
+            watchman=True,
         )
         worker.install_signal_handlers()
         code = worker.run()
