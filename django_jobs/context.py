@@ -143,21 +143,23 @@ class JobContext:
         return self._outcome_owner == "worker"
 
     def fence_off(self) -> bool:
-        """Worker: take the outcome over; False if the handler's thread already has it."""
-        return self._take_outcome("worker")
+        """Worker: take the outcome over. True once; False if the handler's thread
+        has it, or the worker took it already (it ends the run once)."""
+        with self._outcome_lock:
+            if self._outcome_owner is not None:
+                return False
+            self._outcome_owner = "worker"
+            return True
 
     def own_outcome(self) -> bool:
-        """Handler's thread: take the outcome; False if the worker fenced the run off first."""
-        return self._take_outcome("handler")
+        """Handler's thread: take the outcome (again); False if the worker fenced the run off."""
+        with self._outcome_lock:
+            if self._outcome_owner is None:
+                self._outcome_owner = "handler"
+            return self._outcome_owner == "handler"
 
     def past_deadline(self) -> bool:
         return self.deadline is not None and time.monotonic() > self.deadline
-
-    def _take_outcome(self, owner: str) -> bool:
-        with self._outcome_lock:
-            if self._outcome_owner is None:
-                self._outcome_owner = owner
-            return self._outcome_owner == owner
 
     # --- cancellation -------------------------------------------------------------
 
