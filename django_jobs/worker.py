@@ -158,6 +158,12 @@ class Worker:
         if not watchman.supported():
             logger.info("worker=%s runs without a watchman (Linux only)", self.worker_id)
             return
+        if not os.environ.get("DJANGO_SETTINGS_MODULE"):
+            # Settings configured in code: a new process could not load them.
+            logger.info(
+                "worker=%s runs without a watchman (no DJANGO_SETTINGS_MODULE)", self.worker_id
+            )
+            return
         try:
             self._watchman = watchman.Watchman(
                 self.worker_id,  # type: ignore[arg-type]
