@@ -90,6 +90,8 @@ class Worker(models.Model):
     stopped_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        verbose_name = _("worker")
+        verbose_name_plural = _("workers")
         ordering = ["-started_at"]
         indexes = [models.Index(fields=["status", "heartbeat_at"], name="django_jobs_worker_live")]
 
@@ -109,6 +111,8 @@ class JobPool(models.Model):
     pause_reason = models.TextField(blank=True, default="")
 
     class Meta:
+        verbose_name = _("job pool")
+        verbose_name_plural = _("job pools")
         ordering = ["name"]
         permissions = [("pause_jobpool", "Can pause and resume pools")]
 
@@ -201,6 +205,8 @@ class JobRun(models.Model):
     objects = JobRunQuerySet.as_manager()
 
     class Meta:
+        verbose_name = _("job run")
+        verbose_name_plural = _("job runs")
         ordering = ["-id"]
         permissions = [
             ("retry_jobrun", "Can retry runs"),
@@ -320,6 +326,8 @@ class JobStep(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        verbose_name = _("job step")
+        verbose_name_plural = _("job steps")
         ordering = ["run", "seq"]
         constraints = [
             models.UniqueConstraint(fields=["run", "step_id"], name="django_jobs_step_unique"),
@@ -352,6 +360,8 @@ class JobSchedule(models.Model):
     updated_at = models.DateTimeField(db_default=Now())
 
     class Meta:
+        verbose_name = _("job schedule")
+        verbose_name_plural = _("job schedules")
         ordering = ["name"]
 
     def __str__(self) -> str:

@@ -7,7 +7,8 @@
 # rows with a key are indexed).
 #
 # It also makes deleting a Worker row that still holds running runs an error
-# (on_delete, in Python only: no SQL).
+# (on_delete, in Python only: no SQL), and names the models for translation
+# (verbose names, no SQL).
 
 from django.db import migrations, models
 
@@ -53,5 +54,51 @@ class Migration(migrations.Migration):
                 related_name="runs",
                 to="django_jobs.worker",
             ),
+        ),
+        migrations.AlterModelOptions(
+            name="jobpool",
+            options={
+                "ordering": ["name"],
+                "permissions": [("pause_jobpool", "Can pause and resume pools")],
+                "verbose_name": "job pool",
+                "verbose_name_plural": "job pools",
+            },
+        ),
+        migrations.AlterModelOptions(
+            name="jobrun",
+            options={
+                "ordering": ["-id"],
+                "permissions": [
+                    ("retry_jobrun", "Can retry runs"),
+                    ("cancel_jobrun", "Can cancel runs"),
+                    ("run_now_jobrun", "Can start pending runs now"),
+                ],
+                "verbose_name": "job run",
+                "verbose_name_plural": "job runs",
+            },
+        ),
+        migrations.AlterModelOptions(
+            name="jobschedule",
+            options={
+                "ordering": ["name"],
+                "verbose_name": "job schedule",
+                "verbose_name_plural": "job schedules",
+            },
+        ),
+        migrations.AlterModelOptions(
+            name="jobstep",
+            options={
+                "ordering": ["run", "seq"],
+                "verbose_name": "job step",
+                "verbose_name_plural": "job steps",
+            },
+        ),
+        migrations.AlterModelOptions(
+            name="worker",
+            options={
+                "ordering": ["-started_at"],
+                "verbose_name": "worker",
+                "verbose_name_plural": "workers",
+            },
         ),
     ]

@@ -136,3 +136,12 @@ def test_0011_keeps_keyed_runs_and_scopes_keys_by_tenant() -> None:
     finally:
         executor = MigrationExecutor(connection)
         executor.migrate(leaves)
+
+
+def test_every_model_names_itself_for_translation() -> None:
+    # Set once, so that adding or translating them later makes no migration.
+    from django.apps import apps
+
+    for model in apps.get_app_config("django_jobs").get_models():
+        attrs = model._meta.original_attrs
+        assert {"verbose_name", "verbose_name_plural"} <= set(attrs), model.__name__
