@@ -1,6 +1,6 @@
 """Wake-ups over PostgreSQL LISTEN/NOTIFY, with polling as the fallback.
 
-A trigger (migration 0005) sends ``NOTIFY django_jobs, '<pool>'`` once per
+A trigger (migration 0001) sends ``NOTIFY django_jobs, '<pool>'`` once per
 INSERT statement that adds pending runs, so ``start()`` and ``start_many()``
 cost no extra round trip; the notification is delivered at commit, and never
 for a transaction that rolls back. The rarer paths that make runs pending
