@@ -347,8 +347,9 @@ class Worker:
                 ctx.fenced_off = True
                 ctx.request_cancel()
                 handler = get_handler(ctx.job_type, resolve=True)
-                outcome = settle(ctx.claim, timeout_write(handler, ctx.claim), self.hard_stop)
-                log_outcome(ctx.claim, outcome, now - ctx.started)
+                write = timeout_write(handler, ctx.claim)
+                outcome = settle(ctx.claim, write, self.hard_stop)
+                log_outcome(ctx.claim, outcome, now - ctx.started, write=write)
             elif (
                 ctx.cancel_noticed_at is not None
                 and now > ctx.cancel_noticed_at + self.cancel_grace
