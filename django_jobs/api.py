@@ -18,6 +18,7 @@ from django.utils import timezone
 from . import conf, lifecycle
 from .exceptions import InvalidJobInput, InvalidTransition, RunNotFound
 from .models import TERMINAL_STATUSES, JobRun, JobStep, Status
+from .names import pool_problem
 from .notify import notify_pools
 from .payloads import normalize, to_json
 from .registry import JobHandler, get_handler
@@ -336,7 +337,7 @@ def _template(
     """Validate the options of a run and return it unsaved, without input or key yet."""
     run = JobRun(
         job_type=handler.job_type,
-        pool=_required_text("pool", handler.pool if pool is None else pool, 100),
+        pool=_pool(handler.pool if pool is None else pool),
         priority=_priority(handler.priority if priority is None else priority),
         max_attempts=handler.retry.attempts,
         idempotency_key=_text("idempotency_key", idempotency_key, 255),
@@ -410,6 +411,13 @@ def _text(name: str, value: Any, max_length: int, *, required: bool = False) -> 
     if "\x00" in value:
         raise InvalidJobInput(f"{name} contains a NUL character")
     return value
+
+
+def _pool(value: Any) -> str:
+    problem = pool_problem(value)
+    if problem is not None:
+        raise InvalidJobInput(f"pool {value!r} {problem}")
+    return str(value)
 
 
 def _required_text(name: str, value: Any, max_length: int) -> str:

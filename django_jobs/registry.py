@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from .backoff import NO_RETRY, RetryPolicy
 from .conf import to_seconds
 from .exceptions import DuplicateJobType, UnknownJobType
+from .names import pool_problem
 from .schedules import MAX_NAME, Schedule
 
 if TYPE_CHECKING:
@@ -106,6 +107,8 @@ def job(
         raise TypeError(f"job type must be a non-empty string, got {job_type!r}")
     if not isinstance(pool, str) or not pool:
         raise TypeError(f"pool must be a non-empty string, got {pool!r}")
+    if pool_problem(pool) is not None:
+        raise ValueError(f"pool {pool!r} {pool_problem(pool)}")
     if retry is not None and not isinstance(retry, RetryPolicy):
         raise TypeError(f"retry must be a RetryPolicy, got {retry!r}")
     if not (

@@ -6,6 +6,8 @@ import argparse
 import re
 from datetime import timedelta
 
+from django_jobs.names import pool_problem
+
 UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 
 
@@ -37,8 +39,12 @@ def positive_float(value: str) -> float:
 
 
 def pool_name(value: str) -> str:
-    if not value.strip() or len(value) > 100:
-        raise argparse.ArgumentTypeError(f"expected a pool name (1-100 characters), got {value!r}")
+    """A pool name: 1-100 characters, no whitespace, no control characters."""
+    if pool_problem(value) is not None:
+        raise argparse.ArgumentTypeError(
+            f"expected a pool name (1-100 characters, no whitespace or control characters), "
+            f"got {value!r}"
+        )
     return value
 
 

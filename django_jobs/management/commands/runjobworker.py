@@ -6,6 +6,7 @@ import logging
 import sys
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
@@ -13,9 +14,38 @@ from django_jobs import conf
 from django_jobs.checks import check_database
 from django_jobs.logstream import BurstHandler
 from django_jobs.management.arguments import pool_name, port, positive_float, positive_int
+from django_jobs.registry import all_handlers
 from django_jobs.worker import Worker
 
 VERBOSITY_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
+TASKS_BACKEND = "django_jobs.tasks_backend.JobsBackend"
+
+logger = logging.getLogger(__name__)
+
+
+def pools_with_handlers() -> set[str]:
+    """The pools this process knows runs for: its ``@job`` handlers' and its tasks queues."""
+    known = {handler.pool for handler in all_handlers().values()}
+    for backend in getattr(settings, "TASKS", {}).values():
+        if backend.get("BACKEND") == TASKS_BACKEND:
+            # @task functions are found by module path when run, not registered:
+            # only the queues the backend names (or Django's default one) are known.
+            known.update(backend.get("QUEUES") or ["default"])
+    return known
+
+
+def warn_of_pools_without_handlers(pools: list[str]) -> None:
+    """Warn of served pools no handler here enqueues to (a typo, or code deployed elsewhere)."""
+    known = pools_with_handlers()
+    for pool in pools:
+        if pool not in known:
+            logger.warning(
+                "pool=%s has no registered handler in this process: no @job(pool=%r) "
+                "and no tasks queue of that name (a typo? runs enqueued by other code are "
+                "still run)",
+                pool,
+                pool,
+            )
 
 
 class Command(BaseCommand):
@@ -88,8 +118,10 @@ class Command(BaseCommand):
             raise CommandError("; ".join(f"{m.id}: {m.msg}" for m in problems))
         if options["metrics_port"] is not None:
             self._serve_metrics(options["metrics_port"], options["metrics_addr"])
+        pools = options["pools"] or ["default"]
+        warn_of_pools_without_handlers(pools)
         worker = Worker(
-            options["pools"] or ["default"],
+            pools,
             concurrency=options["concurrency"],
             burst=options["burst"],
             max_runs=options["max_runs"],
