@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
+import os
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -16,7 +18,7 @@ from django.db.models.signals import post_init, pre_init
 from django.utils import timezone
 
 from . import conf, lifecycle
-from .exceptions import InvalidJobInput, InvalidTransition, RunNotFound
+from .exceptions import InvalidJobInput, InvalidTransition, RunNotFound, SyncOnlyCall
 from .models import TERMINAL_STATUSES, JobRun, JobStep, Status
 from .names import pool_problem
 from .notify import notify_pools
@@ -69,6 +71,7 @@ def start_handler(
 
     ``trigger`` is the run's ``(trigger_source, trigger_ref)``, ``("api", "")`` by default.
     """
+    _refuse_event_loop("start")
     run = _build(handler, input, **options)
     if trigger is not None:
         run.trigger_source, run.trigger_ref = trigger
@@ -100,6 +103,7 @@ def start_many(job_type: str, inputs: Iterable[Any], **options: Any) -> list[Job
     Takes the options of ``start`` except ``idempotency_key`` (a key names one run).
     Every input is validated before anything is written.
     """
+    _refuse_event_loop("start_many")
     if "idempotency_key" in options:
         raise TypeError("start_many() does not take idempotency_key; use start() per run")
     handler = get_handler(job_type)
@@ -433,3 +437,23 @@ def _tags(tags: Sequence[str]) -> list[str]:
     for tag in result:
         _text("tag", tag, 100, required=True)
     return result
+
+
+def _refuse_event_loop(name: str) -> None:
+    """Refuse a call from async code at once, naming the way out.
+
+    Django would refuse the first query anyway, with a message about "this";
+    this names the function and ``sync_to_async``. ``DJANGO_ALLOW_ASYNC_UNSAFE``
+    lifts it, as it lifts Django's own check.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    if os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE"):
+        return
+    raise SyncOnlyCall(
+        f"django_jobs.{name}() was called from async code (an event loop is running in "
+        f"this thread); it writes to the database synchronously: call it as "
+        f"`await sync_to_async({name})(...)` (from asgiref.sync import sync_to_async)"
+    )

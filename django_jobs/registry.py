@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 from collections.abc import Callable, Iterable
@@ -126,6 +127,13 @@ def job(
         raise ValueError(f"a scheduled job type is at most {MAX_NAME} characters: {job_type!r}")
 
     def decorate(fn: HandlerFn) -> JobHandler:
+        if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+            # Accepted, it would fail every run ("coroutine is not JSON serializable").
+            raise TypeError(
+                f"@job({job_type!r}) decorates {fn.__qualname__}, an async def function: "
+                "async handlers are not supported yet. Write a plain def handler, and run "
+                "async code from it with asgiref.sync.async_to_sync."
+            )
         handler = JobHandler(
             job_type=job_type,
             fn=fn,
