@@ -117,3 +117,14 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage
         Error(message + ".", hint=SCHEDULE_HINTS[code], id=f"django_jobs.{code}")
         for code, message in settings_problems()
     ]
+
+
+def connection_limit(alias: str) -> int | None:
+    """The connections the jobs database's server accepts (PostgreSQL), else None."""
+    connection = connections[alias]
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('max_connections')::int")
+        row = cursor.fetchone()
+    return None if row is None else int(row[0])

@@ -21,6 +21,24 @@ def positive_int(value: str) -> int:
     return number
 
 
+# Threads (and database connections) one worker process may run at once. Far
+# past what one process serves well (a second process scales further), and far
+# below where threads cannot be started any more.
+MAX_CONCURRENCY = 1000
+
+
+def concurrency(value: str) -> int:
+    """``--concurrency``: 1 to ``MAX_CONCURRENCY``."""
+    message = f"expected an integer from 1 to {MAX_CONCURRENCY}, got {value!r}"
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(message) from None
+    if not 1 <= number <= MAX_CONCURRENCY:
+        raise argparse.ArgumentTypeError(message)
+    return number
+
+
 # Longer intervals are mistakes, and past about 292 years a sleep overflows.
 MAX_SECONDS = 86_400.0
 MAX_AGE = timedelta(days=36_500)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from django_jobs.management.arguments import pool_name
+from django_jobs.management.base import JobsCommand
 from django_jobs.pools import (
     PoolInUse,
     forget_pool,
@@ -25,7 +26,7 @@ def pause_reason(value: str) -> str:
     return value
 
 
-class Command(BaseCommand):
+class Command(JobsCommand):
     help = (
         "Pause a pool (workers stop claiming its pending runs; running runs finish), "
         "resume it, list the paused pools, or forget an empty pool."

@@ -4,23 +4,63 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
+from django.db import OperationalError, connections
 
 from django_jobs import conf
-from django_jobs.checks import check_database
+from django_jobs.checks import check_database, connection_limit
 from django_jobs.logstream import BurstHandler
-from django_jobs.management.arguments import pool_name, port, positive_float, positive_int
+from django_jobs.management.arguments import (
+    MAX_CONCURRENCY,
+    concurrency,
+    pool_name,
+    port,
+    positive_float,
+    positive_int,
+)
+from django_jobs.management.base import JobsCommand, database_error, first_line
+from django_jobs.models import Worker as WorkerRow
 from django_jobs.registry import all_handlers
 from django_jobs.worker import Worker
 
+DEFAULT_START_TIMEOUT = 30.0
 VERBOSITY_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
 TASKS_BACKEND = "django_jobs.tasks_backend.JobsBackend"
 
 logger = logging.getLogger(__name__)
+
+
+def wait_for_database(alias: str, timeout: float) -> None:
+    """Wait until the jobs database answers, for at most ``timeout`` seconds.
+
+    A database restarting (a deploy, a failover) should not fail a worker that
+    its supervisor starts meanwhile. Missing tables are not waited for: the
+    error (a ``ProgrammingError``) says to migrate.
+    """
+    deadline = time.monotonic() + timeout
+    delay = 0.5
+    while True:
+        try:
+            WorkerRow.objects.using(alias).exists()  # connects, and finds the tables
+            return
+        except OperationalError as exc:
+            connections[alias].close()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise database_error(exc, waited=timeout) from exc
+            logger.warning(
+                "database=%s unavailable (%s); retrying for %.1fs more",
+                alias,
+                first_line(exc),
+                left,
+            )
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, 5.0)
 
 
 def pools_with_handlers() -> set[str]:
@@ -48,8 +88,12 @@ def warn_of_pools_without_handlers(pools: list[str]) -> None:
             )
 
 
-class Command(BaseCommand):
-    help = "Run django_jobs runs of the given pools until stopped (SIGTERM/SIGINT drains)."
+class Command(JobsCommand):
+    help = (
+        "Run django_jobs runs of the given pools until stopped (SIGTERM/SIGINT drains). "
+        "At start, an unreachable database is retried for --start-timeout seconds; then, "
+        "or at once when the django_jobs tables are missing, the command exits with status 1."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
@@ -62,10 +106,11 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--concurrency",
-            type=positive_int,
+            type=concurrency,
             default=1,
             metavar="N",
-            help="runs executed at once, one thread each (default: 1)",
+            help=f"runs executed at once, one thread and database connection each, "
+            f"1 to {MAX_CONCURRENCY} and at most the server's max_connections (default: 1)",
         )
         parser.add_argument(
             "--burst",
@@ -85,6 +130,14 @@ class Command(BaseCommand):
             default=None,
             metavar="S",
             help="seconds between claims when idle (default: POLL_INTERVAL setting)",
+        )
+        parser.add_argument(
+            "--start-timeout",
+            type=positive_float,
+            default=DEFAULT_START_TIMEOUT,
+            metavar="S",
+            help="seconds to keep retrying an unreachable database at start before exiting "
+            f"with status 1 (default: {DEFAULT_START_TIMEOUT:g})",
         )
         parser.add_argument(
             "--no-scheduler",
@@ -110,12 +163,20 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         self._configure_logging(options["verbosity"])
+        alias = conf.get().DATABASE
+        wait_for_database(alias, options["start_timeout"])
         # The command's own system checks ran already; the database ones need a
         # connection and are not run by default, but a worker must not start on a
         # database that cannot lock rows safely.
-        problems = [m for m in check_database(conf.get().DATABASE) if m.is_serious()]
+        problems = [m for m in check_database(alias) if m.is_serious()]
         if problems:
             raise CommandError("; ".join(f"{m.id}: {m.msg}" for m in problems))
+        limit = connection_limit(alias)
+        if limit is not None and options["concurrency"] > limit:
+            raise CommandError(
+                f"--concurrency {options['concurrency']} needs at least as many connections "
+                f"to the jobs database; its server accepts {limit} (max_connections)."
+            )
         if options["metrics_port"] is not None:
             self._serve_metrics(options["metrics_port"], options["metrics_addr"])
         pools = options["pools"] or ["default"]
@@ -129,7 +190,15 @@ class Command(BaseCommand):
             scheduler=options["scheduler"],
         )
         worker.install_signal_handlers()
-        code = worker.run()
+        try:
+            code = worker.run()
+        except RuntimeError as exc:
+            if "can't start new thread" not in str(exc):
+                raise
+            raise CommandError(
+                f"the worker could not start its threads ({exc}); lower --concurrency "
+                f"({options['concurrency']})."
+            ) from exc
         if code:
             sys.exit(code)
 
