@@ -46,8 +46,8 @@ def start(
 ) -> JobRun:
     """Enqueue one run of ``job_type`` and return it; joins the caller's transaction.
 
-    With an ``idempotency_key``, a run of the same job type and key that already
-    exists is returned instead of a new one, also when two callers race.
+    With an ``idempotency_key``, a run of the same job type, tenant and key that
+    already exists is returned instead of a new one, also when two callers race.
     """
     return start_handler(
         get_handler(job_type),
@@ -88,7 +88,11 @@ def start_handler(
         # holds the key; it committed, so this statement's fresh snapshot sees its row.
         existing = (
             JobRun.objects.using(using)
-            .filter(job_type=handler.job_type, idempotency_key=run.idempotency_key)
+            .filter(
+                job_type=handler.job_type,
+                idempotency_key=run.idempotency_key,
+                tenant_id=run.tenant_id,  # None matches runs without a tenant
+            )
             .first()
         )
         if existing is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
@@ -95,9 +96,11 @@ class JobContext:
         self.deadline = None if timeout is None else self.started + timeout
         self._cancel = False
         self.cancel_noticed_at: float | None = None
-        # Set by the worker once it ended the run over the handler's head
-        # (timeout, ignored cancel): the handler's own result will be fenced off.
-        self.fenced_off = False
+        # Who writes this attempt's outcome: the handler's thread once the
+        # handler has ended (or suspends), or the worker when it ends the run over
+        # the handler's head (timeout, ignored cancel). Whoever comes first owns it.
+        self._outcome_lock = threading.Lock()
+        self._outcome_owner: str | None = None
         # Transactions already open when the handler was called (a test's, or
         # drain() inside one); set by execution. Deeper ones are the handler's.
         self.atomic_depth = 0
@@ -131,6 +134,32 @@ class JobContext:
 
     def __repr__(self) -> str:
         return f"<JobContext run={self.run_id} type={self.job_type} attempt={self.attempt}>"
+
+    # --- who records the outcome ---------------------------------------------------
+
+    @property
+    def fenced_off(self) -> bool:
+        """True once the worker ended the run over the handler's head."""
+        return self._outcome_owner == "worker"
+
+    def fence_off(self) -> bool:
+        """Worker: take the outcome over. True once; False if the handler's thread
+        has it, or the worker took it already (it ends the run once)."""
+        with self._outcome_lock:
+            if self._outcome_owner is not None:
+                return False
+            self._outcome_owner = "worker"
+            return True
+
+    def own_outcome(self) -> bool:
+        """Handler's thread: take the outcome (again); False if the worker fenced the run off."""
+        with self._outcome_lock:
+            if self._outcome_owner is None:
+                self._outcome_owner = "handler"
+            return self._outcome_owner == "handler"
+
+    def past_deadline(self) -> bool:
+        return self.deadline is not None and time.monotonic() > self.deadline
 
     # --- cancellation -------------------------------------------------------------
 
@@ -369,6 +398,9 @@ class JobContext:
                 "inside transaction.atomic(); call them outside it"
             )
         self.flush_progress()
+        if not self.own_outcome():
+            # The worker ended this attempt (timeout, ignored cancel) and records it.
+            raise LeaseLost(f"run {self.run_id} was ended by its worker")
         outcome = suspend(self._claim, arg)
         if outcome == lifecycle.CANCEL_REQUESTED:
             self.request_cancel()

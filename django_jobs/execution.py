@@ -166,16 +166,45 @@ def _prepare(
     return _run_handler(handler, ctx, complete, hand_off)
 
 
-def _last_resort(claim: Claim, exc: Exception) -> Write:
-    """A bare fenced fail, with no follow-up work that could fail again."""
-    error = {
+def _last_resort_error(claim: Claim, exc: Exception) -> dict[str, Any]:
+    return {
         "type": "django_jobs.exceptions.ExecutionError",
-        "message": _safely(lambda: repr(exc), Exception),
+        "message": _storable(_safely(lambda: repr(exc), Exception)),
         "traceback": "",
         "attempt": claim.attempt,
         "retryable": False,
     }
-    return lambda: Outcome.FAILED if claims.fail(claim, error) else Outcome.LOST
+
+
+def _last_resort(claim: Claim, exc: Exception) -> Write:
+    """A fenced fail with a minimal error record, and what a run's end implies
+    (its children's close policies, its waiting parent woken)."""
+    return fail_write(claim, _last_resort_error(claim, exc))
+
+
+def _bare_fail(claim: Claim, exc: Exception) -> Write:
+    """When even ``_last_resort`` was refused: end the run on its own, then apply
+    what its end implies in a transaction of its own, on a best-effort basis.
+
+    Applying it later is still right: a parent is woken only if all it awaits
+    has ended, and a parent that suspends afterwards looks for itself.
+    """
+
+    def write() -> Outcome:
+        if not claims.fail(claim, _last_resort_error(claim, exc)):
+            return Outcome.LOST
+        parent_id = claim.row.get("parent_id")
+        try:
+            with transaction.atomic(using=conf.get().DATABASE):
+                lifecycle.lock_parent(parent_id)
+                lifecycle.after_end(claim.run_id, parent_id, Status.FAILED)
+        except DatabaseError:
+            logger.exception(
+                "run=%s failed, but its parent and children could not be told", claim.run_id
+            )
+        return Outcome.FAILED
+
+    return write
 
 
 def _run_handler(
@@ -197,13 +226,22 @@ def _run_handler(
         return lambda: Outcome.WAITING
     except LeaseLost:
         return lambda: Outcome.LOST
-    except JobCanceled as exc:
-        return cancel_write(claim, str(exc) or "the handler raised JobCanceled")
     except BaseException as exc:  # a handler's SystemExit ends its run, not the worker
+        if not ctx.own_outcome():
+            # The worker ended the run over the handler's head (its timeout, an
+            # ignored cancel) and records that: the JobCanceled it raised in the
+            # handler is not a cancel of its own.
+            return lambda: Outcome.LOST
+        if ctx.past_deadline():
+            return timeout_write(handler, claim)
+        if isinstance(exc, JobCanceled):
+            return cancel_write(claim, str(exc) or "the handler raised JobCanceled")
         if isinstance(exc, InvalidStepOutput | InvalidReturnValue):
             return _not_retryable(claim, exc)
         return error_write(handler, claim, exc)
-    if ctx.deadline is not None and time.monotonic() > ctx.deadline:
+    if not ctx.own_outcome():
+        return lambda: Outcome.LOST
+    if ctx.past_deadline():
         return timeout_write(handler, claim)
     try:
         output = normalize(result, what=f"the output of {handler.job_type} run {claim.run_id}")
@@ -350,13 +388,16 @@ def settle(claim: Claim, write: Write, stop: threading.Event | None) -> Outcome:
         except DatabaseError as exc:
             logger.error("run=%s outcome rejected by the database: %s", claim.run_id, exc)
             # First a failure naming the database's error; if even that is
-            # refused, a bare one without follow-up work; then give up (the run
-            # is rescued once this worker stops).
+            # refused, one with a minimal record; then the end on its own and its
+            # follow-up apart; then give up (the run is rescued once this worker
+            # stops). Each ends the run the way any failure does.
             rejected += 1
             if rejected == 1:
                 write = _not_retryable(claim, exc)
             elif rejected == 2:
                 write = Failure(_last_resort(claim, exc), exc)
+            elif rejected == 3:
+                write = Failure(_bare_fail(claim, exc), exc)
             else:
                 return Outcome.LOST
             continue

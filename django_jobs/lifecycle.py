@@ -93,10 +93,16 @@ def close_children(parent_ids: Sequence[int], *, reason: str) -> int:
     count = 0
     frontier = list(parent_ids)
     while frontier:
+        # Locked (in id order, after their parents): a child cannot move between
+        # running, waiting and pending while its policy is applied, so the
+        # status read here is the status the UPDATEs below see. Unlocked, a child
+        # suspending meanwhile escaped a request_cancel that matched only running rows.
         children = list(
             _runs()
+            .select_for_update()
             .filter(parent_id__in=frontier, status__in=UNFINISHED)
             .exclude(close_policy=ClosePolicy.ABANDON)
+            .order_by("pk")
             .values("id", "status", "close_policy", "parent_id")
         )
         now_canceled = [

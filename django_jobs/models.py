@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
@@ -23,6 +24,26 @@ class Status(models.TextChoices):
     FAILED = "failed", _("Failed")
     TIMED_OUT = "timed_out", _("Timed out")
     CANCELED = "canceled", _("Canceled")
+
+
+def protect_running_runs(collector: Any, field: Any, sub_objs: Any, using: str) -> None:
+    """``on_delete`` of ``JobRun.claimed_by``: refuse to delete a worker that holds runs.
+
+    A running run whose worker row is gone could not be told from a live
+    worker's: deleting the row would get the runs of a worker that still runs
+    them rescued. Runs the worker no longer holds forget it (``SET_NULL``).
+    """
+    if isinstance(sub_objs, models.QuerySet):
+        running = list(sub_objs.filter(status=Status.RUNNING).only("pk", "claimed_by")[:100])
+    else:
+        running = [run for run in sub_objs if run.status == Status.RUNNING]
+    if running:
+        raise models.ProtectedError(
+            f"Cannot delete worker {running[0].claimed_by_id}: it holds running runs "
+            "(they are rescued once it stops heartbeating)",
+            set(running),
+        )
+    models.SET_NULL(collector, field, sub_objs, using)
 
 
 TERMINAL_STATUSES = frozenset({Status.COMPLETED, Status.FAILED, Status.TIMED_OUT, Status.CANCELED})
@@ -162,7 +183,7 @@ class JobRun(models.Model):
         Worker,
         null=True,
         blank=True,
-        on_delete=models.SET_NULL,
+        on_delete=protect_running_runs,
         related_name="runs",
         db_index=False,
     )
@@ -244,10 +265,17 @@ class JobRun(models.Model):
             ),
         ]
         constraints = [
+            # Idempotency keys are scoped by job type and tenant: two partial
+            # indexes, since NULL (no tenant) is never equal to NULL in one.
             models.UniqueConstraint(
                 fields=["job_type", "idempotency_key"],
                 name="django_jobs_run_idempotency",
-                condition=models.Q(idempotency_key__isnull=False),
+                condition=models.Q(idempotency_key__isnull=False, tenant_id__isnull=True),
+            ),
+            models.UniqueConstraint(
+                fields=["job_type", "tenant_id", "idempotency_key"],
+                name="django_jobs_run_tenant_idempotency",
+                condition=models.Q(idempotency_key__isnull=False, tenant_id__isnull=False),
             ),
             # At most one running run per concurrency key, enforced by the
             # database: two workers claiming at the same instant cannot both win.

@@ -6,6 +6,7 @@ No argparse and no printing here: ``runjobworker`` turns flags into a ``Worker``
 from __future__ import annotations
 
 import logging
+import math
 import os
 import queue
 import signal
@@ -19,7 +20,7 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError, connections
 
-from . import claims, conf, lifecycle
+from . import claims, conf, lifecycle, watchman
 from .batching import Completer
 from .claims import Claim
 from .context import JobContext
@@ -37,6 +38,7 @@ from .models import WorkerStatus
 from .notify import Listener, notify_pools
 from .registry import get_handler
 from .scheduler import Scheduler
+from .watchman import Watchman
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -58,6 +60,7 @@ class Worker:
         max_runs: int | None = None,
         poll_interval: float | None = None,
         scheduler: bool = True,
+        watchman: bool = False,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
@@ -68,6 +71,10 @@ class Worker:
         self.burst = burst
         self.max_runs = max_runs
         self.scheduler = scheduler  # fire the schedules of this worker's pools
+        # Start a watchman process that keeps the heartbeat while a C call holds
+        # the GIL (runjobworker does; a worker inside another program does not).
+        self.watchman = watchman
+        self._watchman: Watchman | None = None
         settings = conf.get()
         self.poll_interval = settings.POLL_INTERVAL if poll_interval is None else poll_interval
         self.heartbeat_interval = settings.HEARTBEAT_INTERVAL
@@ -94,6 +101,7 @@ class Worker:
         """Work until told to stop (or, in burst mode, until nothing is due)."""
         self._register()
         try:
+            self._start_watchman()
             self._completer = Completer(after_write=self._written, stop=self.hard_stop)
             threads = [
                 self._start(self._run_slot, f"django-jobs-slot-{i}")
@@ -124,6 +132,8 @@ class Worker:
             self.stopping.set()  # the scheduler's signal (a burst ends without one)
             self.hard_stop.set()
             beat.join(timeout=5)
+            if self._watchman is not None:
+                self._watchman.stop()
             watchdog.join(timeout=5)
             if scheduling is not None:
                 scheduling.join(timeout=5)
@@ -151,6 +161,8 @@ class Worker:
         completer = getattr(self, "_completer", None)
         if completer is not None:
             completer.close()
+        if self._watchman is not None:
+            self._watchman.stop()
         self._quietly(claims.stop_worker, self.worker_id)
         logger.error("worker=%s could not start; marked stopped", self.worker_id)
 
@@ -159,6 +171,32 @@ class Worker:
             socket.gethostname(), os.getpid(), self.pools, self.concurrency, self.worker_id
         )
         self.worker_id = worker.pk
+
+    def _start_watchman(self) -> None:
+        if not self.watchman:
+            return
+        if not watchman.supported():
+            logger.info("worker=%s runs without a watchman (Linux only)", self.worker_id)
+            return
+        try:
+            self._watchman = watchman.Watchman(
+                self.worker_id,  # type: ignore[arg-type]
+                conf.get().DATABASE,
+                self.heartbeat_interval,
+                self.stale_threshold,
+            )
+        except OSError as exc:
+            logger.warning("worker=%s watchman not started: %s", self.worker_id, exc)
+
+    def _pulse(self) -> None:
+        """Tell the watchman this thread runs, and how long the running runs may take."""
+        if self._watchman is None:
+            return
+        now = time.monotonic()
+        remaining = [
+            math.inf if ctx.deadline is None else ctx.deadline - now for ctx in self._snapshot()
+        ]
+        self._watchman.pulse(max(remaining, default=math.inf))
 
     def _start_scheduler(self) -> threading.Thread | None:
         """Start the scheduler thread if asked and this worker's pools have schedules."""
@@ -306,6 +344,7 @@ class Worker:
         """Record liveness, and nothing else: on its own thread and connection, so
         no lock wait of the watchdog's can delay it and get this worker taken for dead."""
         while True:
+            self._pulse()
             status = WorkerStatus.STOPPING if self.stopping.is_set() else WorkerStatus.RUNNING
             if self._quietly(claims.heartbeat, self.worker_id, status) is False:
                 # The row was deleted (by hand, or by retention): recreate it, so
@@ -361,8 +400,9 @@ class Worker:
         """End runs past their timeout, and canceled runs whose handler ignores it."""
         now = time.monotonic()
         for ctx in self._snapshot():
-            if ctx.deadline is not None and now > ctx.deadline and not ctx.fenced_off:
-                ctx.fenced_off = True
+            if ctx.deadline is not None and now > ctx.deadline and ctx.fence_off():
+                # Fenced off first, then told to stop: the handler's JobCanceled
+                # then finds the outcome taken, and this timeout is what is written.
                 ctx.request_cancel()
                 handler = get_handler(ctx.job_type, resolve=True)
                 write = timeout_write(handler, ctx.claim)
@@ -371,9 +411,8 @@ class Worker:
             elif (
                 ctx.cancel_noticed_at is not None
                 and now > ctx.cancel_noticed_at + self.cancel_grace
-                and not ctx.fenced_off
+                and ctx.fence_off()
             ):
-                ctx.fenced_off = True
                 message = f"the handler ignored the cancel request for {self.cancel_grace:g}s"
                 outcome = settle(ctx.claim, cancel_write(ctx.claim, message), self.hard_stop)
                 log_outcome(ctx.claim, outcome, now - ctx.started)

@@ -272,3 +272,27 @@ def test_a_rescued_run_without_attempts_closes_its_children_and_wakes_its_parent
     assert JobRun.objects.get(pk=lost.pk).status == Status.FAILED
     assert JobRun.objects.get(pk=grandchild.pk).status == Status.CANCELED
     assert JobRun.objects.get(pk=parent.pk).status == Status.PENDING
+
+
+def test_a_worker_holding_running_runs_cannot_be_deleted_so_they_are_not_rescued() -> None:
+    from django.db.models import ProtectedError
+
+    run = RunningJobRunFactory()
+    worker = run.claimed_by
+    with pytest.raises(ProtectedError) as refused:
+        worker.delete()
+    assert {obj.pk for obj in refused.value.protected_objects} == {run.pk}
+    with pytest.raises(ProtectedError):
+        Worker.objects.filter(pk=worker.pk).delete()
+    # The live worker's run stays where it is: nothing to rescue.
+    assert claims.rescue_stale(None, stale_after=60) == (0, 0)
+    run.refresh_from_db()
+    assert (run.status, run.claimed_by_id) == (Status.RUNNING, worker.pk)
+
+
+def test_a_worker_whose_runs_have_ended_can_be_deleted_and_they_forget_it() -> None:
+    worker = WorkerFactory()
+    done = JobRunFactory(status=Status.COMPLETED, claimed_by=worker)
+    worker.delete()
+    done.refresh_from_db()
+    assert done.claimed_by_id is None

@@ -127,3 +127,59 @@ def test_the_attempts_stored_at_enqueue_bound_the_retries(stored: int, attempts:
     drain()
     run.refresh_from_db()
     assert (run.status, run.attempts) == (Status.FAILED, attempts)
+
+
+def _claimed_child() -> tuple[JobRun, claims.Claim]:
+    """A waiting parent and its only child, claimed."""
+    parent = JobRunFactory(status=Status.WAITING, job_type="tests.parent")
+    child = JobRunFactory(job_type="tests.noop", parent=parent, root=parent)
+    JobRun.objects.filter(pk=parent.pk).update(awaiting=[child.pk])
+    (claim,) = claims.claim_batch(WorkerFactory().pk, None, 1)
+    assert claim.run_id == child.pk
+    return parent, claim
+
+
+def test_a_child_ended_by_the_executors_last_resort_wakes_its_parent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from django_jobs import execution
+
+    parent, claim = _claimed_child()
+
+    def broken(*args: object) -> Outcome:
+        raise RuntimeError("a bug of ours")
+
+    monkeypatch.setattr(execution, "_execute", broken)
+    assert execute(claim) == Outcome.FAILED
+    child = JobRun.objects.get(pk=claim.run_id)
+    assert (child.status, child.error["type"]) == (
+        Status.FAILED,
+        "django_jobs.exceptions.ExecutionError",
+    )
+    assert JobRun.objects.get(pk=parent.pk).status == Status.PENDING
+
+
+@pytest.mark.parametrize("refusals", [1, 2])
+def test_a_child_whose_outcome_the_database_refuses_still_wakes_its_parent(
+    monkeypatch: pytest.MonkeyPatch, refusals: int
+) -> None:
+    from django.db import DatabaseError
+
+    parent, claim = _claimed_child()
+    real_end = claims.end
+    calls = {"end": 0}
+
+    def refuse_complete(*args: object) -> bool:
+        raise DatabaseError("value too long for type character varying(10)")
+
+    def refuse_end(*args: object, **kwargs: object) -> bool:
+        calls["end"] += 1
+        if calls["end"] <= refusals:
+            raise DatabaseError("refused again")
+        return real_end(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(claims, "complete", refuse_complete)
+    monkeypatch.setattr(claims, "end", refuse_end)
+    assert execute(claim) == Outcome.FAILED
+    assert JobRun.objects.get(pk=claim.run_id).status == Status.FAILED
+    assert JobRun.objects.get(pk=parent.pk).status == Status.PENDING

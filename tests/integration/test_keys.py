@@ -89,3 +89,37 @@ def test_an_idempotent_start_rolled_back_leaves_the_key_free() -> None:
         start_then_roll_back()
     run = start("tests.noop", {"second": True}, idempotency_key="k")
     assert JobRun.objects.get(idempotency_key="k").pk == run.pk
+
+
+def test_an_idempotency_key_is_scoped_by_tenant() -> None:
+    acme = start("tests.noop", {"secret": "acme"}, idempotency_key="invoice-1", tenant_id="acme")
+    globex = start("tests.noop", {"mine": 1}, idempotency_key="invoice-1", tenant_id="globex")
+    untenanted = start("tests.noop", {"plain": 1}, idempotency_key="invoice-1")
+    assert len({acme.pk, globex.pk, untenanted.pk}) == 3
+    assert globex.input == {"mine": 1}
+    # Each tenant (and no tenant) still gets its own run back for its key.
+    assert start("tests.noop", idempotency_key="invoice-1", tenant_id="globex").pk == globex.pk
+    assert start("tests.noop", idempotency_key="invoice-1", tenant_id="acme").pk == acme.pk
+    assert start("tests.noop", idempotency_key="invoice-1").pk == untenanted.pk
+    assert JobRun.objects.filter(idempotency_key="invoice-1").count() == 3
+
+
+def test_racing_starts_of_two_tenants_with_one_key_create_one_run_each() -> None:
+    barrier = threading.Barrier(20)
+
+    def start_once(n: int) -> tuple[str, int]:
+        tenant = ("acme", "globex")[n % 2]
+        try:
+            barrier.wait(10)
+            run = start("tests.noop", {"n": n}, idempotency_key="charge-7", tenant_id=tenant)
+            return tenant, run.pk
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(20) as pool:
+        got = list(pool.map(start_once, range(20)))
+    by_tenant = {tenant: {pk for t, pk in got if t == tenant} for tenant in ("acme", "globex")}
+    assert all(len(ids) == 1 for ids in by_tenant.values()), by_tenant
+    assert by_tenant["acme"] != by_tenant["globex"]
+    for tenant, (pk,) in by_tenant.items():
+        assert JobRun.objects.get(pk=pk).tenant_id == tenant

@@ -105,3 +105,34 @@ def test_0010_builds_the_index_again_over_an_invalid_one_a_failed_build_left() -
     finally:
         executor = MigrationExecutor(connection)
         executor.migrate(leaves)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_0011_keeps_keyed_runs_and_scopes_keys_by_tenant() -> None:
+    from django.db import IntegrityError, connection, transaction
+    from django.db.migrations.executor import MigrationExecutor
+
+    before = ("django_jobs", "0010_finished_index")
+    after = ("django_jobs", "0011_idempotency_per_tenant")
+    executor = MigrationExecutor(connection)
+    leaves = executor.loader.graph.leaf_nodes("django_jobs")
+    executor.migrate([before])
+    try:
+        old = executor.loader.project_state([before]).apps.get_model("django_jobs", "JobRun")
+        kept = [
+            old.objects.create(job_type="tests.noop", idempotency_key="k1", tenant_id="acme"),
+            old.objects.create(job_type="tests.noop", idempotency_key="k2"),
+        ]
+        executor = MigrationExecutor(connection)
+        executor.migrate([after])
+        new = executor.loader.project_state([after]).apps.get_model("django_jobs", "JobRun")
+        assert set(new.objects.values_list("pk", flat=True)) == {run.pk for run in kept}
+        # Another tenant may now use acme's key; the same tenant (or none) may not.
+        new.objects.create(job_type="tests.noop", idempotency_key="k1", tenant_id="globex")
+        new.objects.create(job_type="tests.noop", idempotency_key="k1")
+        for tenant in ("acme", "globex", None):
+            with pytest.raises(IntegrityError), transaction.atomic():
+                new.objects.create(job_type="tests.noop", idempotency_key="k1", tenant_id=tenant)
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.migrate(leaves)

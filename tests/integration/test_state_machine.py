@@ -1,11 +1,15 @@
 """Property test of the run state machine (hypothesis).
 
-Random sequences of start, claim (by two workers), complete, fail, retry
-scheduled, cancel, manual retry, rescue, release, durable sleep and time
-passing, against the real database. After every operation: only legal
-transitions happened, no run was lost, a lease token exists exactly on running
-runs, no run has two owners (of all the claims ever handed out, at most one
-still matches a run's lease), and each counted attempt has its worker recorded.
+Random sequences of start (with idempotency keys of two tenants, and of child
+runs), claim (by two workers), complete, fail, retry scheduled, cancel, manual
+retry, rescue, release, durable sleep, a timeout firing while the handler checks
+for cancellation (in either order) and time passing, against the real database.
+After every operation: only legal transitions happened, no run was lost, a
+lease token exists exactly on running runs, no run has two owners (of all the
+claims ever handed out, at most one still matches a run's lease), each counted
+attempt has its worker recorded, a run past its timeout never ends canceled,
+the children of a canceled parent are ended or asked to cancel, and each
+tenant's key names one run of that tenant.
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from django_jobs import cancel, claims, lifecycle, retry, start
+from django_jobs import cancel, claims, execution, lifecycle, retry, start
+from django_jobs.context import JobContext
 from django_jobs.exceptions import InvalidTransition
-from django_jobs.models import JobRun, JobStep, Status, Worker
+from django_jobs.models import TERMINAL_STATUSES, ClosePolicy, JobRun, JobStep, Status, Worker
+from django_jobs.registry import get_handler
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -45,6 +51,9 @@ ERROR = {"type": "tests.Boom", "message": "boom", "traceback": "", "attempt": 1}
 operations = st.lists(
     st.one_of(
         st.tuples(st.just("start"), st.integers(0, 0)),
+        st.tuples(st.just("start keyed"), st.integers(0, 5)),
+        st.tuples(st.just("start child"), st.integers(0, 50)),
+        st.tuples(st.just("timeout"), st.integers(0, 150)),
         st.tuples(st.just("claim"), st.integers(0, 1)),
         st.tuples(st.just("complete"), st.integers(0, 50)),
         st.tuples(st.just("fail"), st.integers(0, 50)),
@@ -70,6 +79,9 @@ class Model:
         self.held: list[claims.Claim] = []
         self.holder: dict[Any, Any] = {}  # lease token -> the worker that claimed it
         self.last: dict[int, str] = {}
+        self.keyed: dict[tuple[str | None, str], int] = {}  # (tenant, key) -> run
+        self.timed_out: set[int] = set()  # runs past their timeout, never to end canceled
+        self.canceled_parents: set[int] = set()
 
     def pick(self, items: list[Any], index: int) -> Any:
         return items[index % len(items)] if items else None
@@ -77,6 +89,22 @@ class Model:
     def apply(self, name: str, arg: int) -> None:
         if name == "start":
             self.runs.append(start("tests.flaky", {"succeed_on": 99}).pk)
+        elif name == "start keyed":
+            tenant, key = ("acme", "globex", None)[arg % 3], f"k{arg // 3}"
+            run = start("tests.flaky", {"succeed_on": 99}, idempotency_key=key, tenant_id=tenant)
+            assert run.tenant_id == tenant
+            if (tenant, key) in self.keyed:
+                assert run.pk == self.keyed[(tenant, key)]
+            else:
+                self.keyed[(tenant, key)] = run.pk
+                self.runs.append(run.pk)
+        elif name == "start child":
+            parent_id = self.pick(self.runs, arg)
+            child = start("tests.flaky", {"succeed_on": 99}, parent=parent_id)
+            JobRun.objects.filter(pk=child.pk).update(close_policy=ClosePolicy.REQUEST_CANCEL)
+            self.runs.append(child.pk)
+        elif name == "timeout":
+            self.timeout(arg)
         elif name == "claim":
             batch = claims.claim_batch(self.workers[arg], None, 2)
             self.held += batch
@@ -113,6 +141,8 @@ class Model:
             run_id = self.pick(self.runs, arg)
             if run_id is not None:
                 cancel(run_id)
+                if JobRun.objects.filter(pk=run_id, status=S.CANCELED).exists():
+                    self.canceled_parents.add(run_id)
         elif name == "retry":
             run_id = self.pick(self.runs, arg)
             if run_id is not None:
@@ -128,6 +158,48 @@ class Model:
         elif name == "time passes":
             JobRun.objects.filter(status__in=[S.PENDING, S.WAITING]).update(run_at=timezone.now())
             lifecycle.wake_sleepers()
+
+    def timeout(self, arg: int) -> None:
+        """A run past its timeout: the watchdog's timeout and the handler's end, in
+        either order; the handler ends by a JobCanceled (the watchdog's stop, or a
+        cancel request of its own) or by returning late."""
+        claim = self.pick(
+            [c for c in self.held if c.row["job_type"] == "tests.timed_cooperative"], arg
+        )
+        if claim is None:
+            # Start one and claim it (its own pool: other due runs stay pending).
+            self.runs.append(start("tests.timed_cooperative", {"seconds": 5}, pool="timed").pk)
+            worker = self.workers[arg % 2]
+            batch = claims.claim_batch(worker, ["timed"], 1)
+            self.held += batch
+            self.holder.update({c.lease_token: worker for c in batch})
+            claim = batch[0]
+        handler = get_handler("tests.timed_cooperative")
+        ctx = JobContext(claim, timeout=0.3)
+        ctx.deadline = ctx.started - 1  # the timeout has passed
+        holds = JobRun.objects.filter(pk=claim.run_id, lease_token=claim.lease_token).exists()
+
+        def watchdog() -> None:
+            if ctx.fence_off():
+                ctx.request_cancel()
+                execution.settle(claim, execution.timeout_write(handler, claim), None)
+
+        def handler_ends() -> None:
+            if arg % 3 == 1:
+                ctx.request_cancel()  # a cancel request noticed, or the watchdog's stop
+            elif arg % 3 == 2:
+                ctx.input = {"seconds": 0}  # returns at once, too late
+            write = execution._run_handler(handler, ctx, claims.complete, None)
+            execution.settle(claim, write, None)
+
+        if arg % 2:
+            watchdog()
+            handler_ends()
+        else:
+            handler_ends()
+            watchdog()
+        if holds:
+            self.timed_out.add(claim.run_id)
 
     def check(self) -> None:
         rows = {run.pk: run for run in JobRun.objects.all()}
@@ -147,6 +219,18 @@ class Model:
                 c for c in self.held if c.run_id == run_id and c.lease_token == run.lease_token
             ]
             assert len(owners) <= 1, "two claims hold one run"
+        for run_id in self.timed_out:
+            assert rows[run_id].status != S.CANCELED or rows[run_id].cancel_reason, run_id
+        for run_id in self.canceled_parents:
+            if rows[run_id].status != S.CANCELED:
+                continue  # retried since
+            for child in rows.values():
+                if child.parent_id == run_id:
+                    assert (
+                        child.status in TERMINAL_STATUSES or child.cancel_requested_at is not None
+                    ), (child.pk, child.status)
+        for (tenant, key), run_id in self.keyed.items():
+            assert (rows[run_id].tenant_id, rows[run_id].idempotency_key) == (tenant, key)
 
 
 @settings(

@@ -214,6 +214,29 @@ def slow(ctx: JobContext) -> str:
     return "too late"
 
 
+@job("tests.timed_cooperative", timeout=0.3, retry=RetryPolicy(attempts=2, base_delay=0))
+def timed_cooperative(ctx: JobContext) -> str:
+    """Checks for cancellation in a loop, as docs/cancellation.md advises, past its timeout."""
+    effect(ctx, "start")
+    deadline = time.monotonic() + ctx.input.get("seconds", 3)
+    while time.monotonic() < deadline:
+        ctx.check_cancel()
+        time.sleep(0.005)
+    return "too late"
+
+
+@job("tests.gil_hog", retry=RetryPolicy(attempts=3, base_delay=0))
+def gil_hog(ctx: JobContext) -> str:
+    """One C call that holds the GIL for about ``seconds`` (``sum`` over a range)."""
+    effect(ctx, "start")
+    started = time.perf_counter()
+    sum(range(2_000_000))
+    per_item = (time.perf_counter() - started) / 2_000_000
+    sum(range(int(ctx.input.get("seconds", 6) / per_item)))
+    effect(ctx, "end")
+    return "done"
+
+
 @job("tests.keyed", concurrency_key=lambda input: input.get("key"))
 def keyed(ctx: JobContext) -> None:
     row = Execution.objects.create(

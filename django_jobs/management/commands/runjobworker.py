@@ -188,6 +188,7 @@ class Command(JobsCommand):
             max_runs=options["max_runs"],
             poll_interval=options["poll_interval"],
             scheduler=options["scheduler"],
+            watchman=True,
         )
         worker.install_signal_handlers()
         try:
