@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from django_jobs import job, start
 from django_jobs.exceptions import InvalidJobInput
-from django_jobs.management.commands.runjobworker import warn_of_pools_without_handlers
+from django_jobs.management.startup import warn_of_pools_without_handlers
 from django_jobs.models import JobPool, JobRun, Status
 from django_jobs.names import pool_problem
 from django_jobs.pools import PoolInUse, forget_pool, pause_pool, resume_pool
