@@ -45,7 +45,7 @@ CONSTRAINTS = os.path.join(PEERS, "constraints.txt")
 # What each system's venv holds (versions pinned by constraints.txt). psycopg is the
 # harness's own (bench/peers/common.py) where the library does not need it.
 PACKAGES = {
-    "django_jobs": ["-e", f"{REPO}[postgres]", "Django", "django-environ"],
+    "django_jobs": ["-e", f"{REPO}[postgres]", "psycopg[binary]", "Django", "django-environ"],
     "pgqueuer": ["pgqueuer", "asyncpg", "uvloop", "psycopg[binary]"],
     "procrastinate": ["procrastinate", "psycopg[binary]"],
     "django_tasks_db": ["django-tasks-db", "Django", "psycopg[binary]"],

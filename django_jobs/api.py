@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
+import os
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -16,8 +18,9 @@ from django.db.models.signals import post_init, pre_init
 from django.utils import timezone
 
 from . import conf, lifecycle
-from .exceptions import InvalidJobInput, InvalidTransition, RunNotFound
+from .exceptions import InvalidJobInput, InvalidTransition, RunNotFound, SyncOnlyCall
 from .models import TERMINAL_STATUSES, JobRun, JobStep, Status
+from .names import pool_problem
 from .notify import notify_pools
 from .payloads import normalize, to_json
 from .registry import JobHandler, get_handler
@@ -68,6 +71,7 @@ def start_handler(
 
     ``trigger`` is the run's ``(trigger_source, trigger_ref)``, ``("api", "")`` by default.
     """
+    _refuse_event_loop("start")
     run = _build(handler, input, **options)
     if trigger is not None:
         run.trigger_source, run.trigger_ref = trigger
@@ -103,6 +107,7 @@ def start_many(job_type: str, inputs: Iterable[Any], **options: Any) -> list[Job
     Takes the options of ``start`` except ``idempotency_key`` (a key names one run).
     Every input is validated before anything is written.
     """
+    _refuse_event_loop("start_many")
     if "idempotency_key" in options:
         raise TypeError("start_many() does not take idempotency_key; use start() per run")
     handler = get_handler(job_type)
@@ -340,7 +345,7 @@ def _template(
     """Validate the options of a run and return it unsaved, without input or key yet."""
     run = JobRun(
         job_type=handler.job_type,
-        pool=_required_text("pool", handler.pool if pool is None else pool, 100),
+        pool=_pool(handler.pool if pool is None else pool),
         priority=_priority(handler.priority if priority is None else priority),
         max_attempts=handler.retry.attempts,
         idempotency_key=_text("idempotency_key", idempotency_key, 255),
@@ -416,6 +421,13 @@ def _text(name: str, value: Any, max_length: int, *, required: bool = False) -> 
     return value
 
 
+def _pool(value: Any) -> str:
+    problem = pool_problem(value)
+    if problem is not None:
+        raise InvalidJobInput(f"pool {value!r} {problem}")
+    return str(value)
+
+
 def _required_text(name: str, value: Any, max_length: int) -> str:
     text = _text(name, value, max_length, required=True)
     assert text is not None
@@ -429,3 +441,23 @@ def _tags(tags: Sequence[str]) -> list[str]:
     for tag in result:
         _text("tag", tag, 100, required=True)
     return result
+
+
+def _refuse_event_loop(name: str) -> None:
+    """Refuse a call from async code at once, naming the way out.
+
+    Django would refuse the first query anyway, with a message about "this";
+    this names the function and ``sync_to_async``. ``DJANGO_ALLOW_ASYNC_UNSAFE``
+    lifts it, as it lifts Django's own check.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    if os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE"):
+        return
+    raise SyncOnlyCall(
+        f"django_jobs.{name}() was called from async code (an event loop is running in "
+        f"this thread); it writes to the database synchronously: call it as "
+        f"`await sync_to_async({name})(...)` (from asgiref.sync import sync_to_async)"
+    )

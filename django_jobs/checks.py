@@ -13,7 +13,11 @@ from . import conf
 
 @register()
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """Validate ``settings.DJANGO_JOBS`` and the Django settings the app relies on."""
+    """Validate ``settings.DJANGO_JOBS`` and the Django settings the app relies on.
+
+    Every problem is reported at once: a check whose values are themselves
+    invalid (E001) is skipped, the others still run.
+    """
     messages: list[CheckMessage] = [
         Error(
             f"DJANGO_JOBS: {problem}.",
@@ -22,22 +26,23 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         )
         for problem in conf.problems()
     ]
-    if messages:
-        return messages
-    current = conf.get()
-    if current.DATABASE not in settings.DATABASES:
+    values = conf.merged()
+    database = values["DATABASE"]
+    if isinstance(database, str) and database not in settings.DATABASES:
         messages.append(
             Error(
-                f"DJANGO_JOBS['DATABASE'] is {current.DATABASE!r}, which is not in DATABASES.",
+                f"DJANGO_JOBS['DATABASE'] is {database!r}, which is not in DATABASES.",
                 hint="Name one of the aliases of settings.DATABASES.",
                 id="django_jobs.E002",
             )
         )
-    if current.STALE_THRESHOLD < 3 * current.HEARTBEAT_INTERVAL:
+    stale = conf.seconds_or_none(values["STALE_THRESHOLD"])
+    heartbeat = conf.seconds_or_none(values["HEARTBEAT_INTERVAL"])
+    if stale is not None and heartbeat is not None and stale < 3 * heartbeat:
         messages.append(
             Error(
-                f"DJANGO_JOBS['STALE_THRESHOLD'] ({current.STALE_THRESHOLD:g}s) is less than three "
-                f"heartbeats ({current.HEARTBEAT_INTERVAL:g}s each): live workers would be "
+                f"DJANGO_JOBS['STALE_THRESHOLD'] ({stale:g}s) is less than three "
+                f"heartbeats ({heartbeat:g}s each): live workers would be "
                 "taken for dead and their runs executed twice.",
                 hint="Raise STALE_THRESHOLD to at least 3 times HEARTBEAT_INTERVAL.",
                 id="django_jobs.E003",
@@ -104,11 +109,22 @@ SCHEDULE_HINTS = {
 @register()
 def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """Validate ``DJANGO_JOBS["SCHEDULES"]`` (``@job`` schedules are checked at import)."""
-    if conf.problems():
-        return []  # check_settings reports them; the schedules cannot be read
+    if not isinstance(conf.merged()["SCHEDULES"], dict):
+        return []  # check_settings reports it; the schedules cannot be read
     from .schedules import settings_problems
 
     return [
         Error(message + ".", hint=SCHEDULE_HINTS[code], id=f"django_jobs.{code}")
         for code, message in settings_problems()
     ]
+
+
+def connection_limit(alias: str) -> int | None:
+    """The connections the jobs database's server accepts (PostgreSQL), else None."""
+    connection = connections[alias]
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('max_connections')::int")
+        row = cursor.fetchone()
+    return None if row is None else int(row[0])

@@ -39,6 +39,7 @@ from django.db.models import (
 from django.db.models.functions import Now
 
 from . import conf, sql
+from .exceptions import WorkerLost
 from .models import JobPool, JobRun, JobStep, Status, Worker, WorkerStatus
 from .notify import notify_pools
 from .pools import record_pools
@@ -540,5 +541,6 @@ def _fail_lost(row: dict[str, Any]) -> int:
         if not end(claim, Status.FAILED, {**WORKER_LOST, "attempt": row["attempts"]}):
             return 0
         after_end(row["id"], row["parent_id"], Status.FAILED)
-    announce(run_failed, row["id"], row["job_type"], row["attempts"], ended=True)
+    lost = WorkerLost(WORKER_LOST["message"])
+    announce(run_failed, row["id"], row["job_type"], row["attempts"], ended=True, exception=lost)
     return 1

@@ -62,29 +62,46 @@ def user_settings() -> dict[str, Any]:
     return {} if value is None else value
 
 
+def merged() -> dict[str, Any]:
+    """The known keys of ``settings.DJANGO_JOBS`` over the defaults, as given (unconverted)."""
+    given = user_settings()
+    if not isinstance(given, dict):
+        return dict(DEFAULTS)
+    return {**DEFAULTS, **{k: v for k, v in given.items() if k in DEFAULTS}}
+
+
+def seconds_or_none(value: Any) -> float | None:
+    """A valid duration setting in seconds, or None when it is invalid (see ``problems``)."""
+    try:
+        seconds = to_seconds(value)
+    except TypeError:
+        return None
+    return seconds if 0 < seconds <= MAX_DURATION else None
+
+
 def problems() -> list[str]:
     """Describe every invalid key or value of ``settings.DJANGO_JOBS`` (used by the checks)."""
     given = user_settings()
     if not isinstance(given, dict):
         return [f"DJANGO_JOBS must be a dict, not {type(given).__name__}"]
     found = [f"unknown key {key!r}" for key in given if key not in DEFAULTS]
-    merged = {**DEFAULTS, **{k: v for k, v in given.items() if k in DEFAULTS}}
+    values = merged()
     for key in sorted(DURATION_KEYS):
         try:
-            if not 0 < to_seconds(merged[key]) <= MAX_DURATION:  # NaN fails both
-                found.append(f"{key} must be positive and at most a week, got {merged[key]!r}")
+            if not 0 < to_seconds(values[key]) <= MAX_DURATION:  # NaN fails both
+                found.append(f"{key} must be positive and at most a week, got {values[key]!r}")
         except TypeError:
-            found.append(f"{key} must be seconds or a timedelta, got {merged[key]!r}")
-    if not isinstance(merged["DATABASE"], str):
-        found.append(f"DATABASE must be a database alias, got {merged['DATABASE']!r}")
-    max_bytes = merged["MAX_INPUT_BYTES"]
+            found.append(f"{key} must be seconds or a timedelta, got {values[key]!r}")
+    if not isinstance(values["DATABASE"], str):
+        found.append(f"DATABASE must be a database alias, got {values['DATABASE']!r}")
+    max_bytes = values["MAX_INPUT_BYTES"]
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
         found.append(f"MAX_INPUT_BYTES must be a positive integer, got {max_bytes!r}")
     for key in ("LISTEN_NOTIFY", "PREPARED_STATEMENTS"):
-        if not isinstance(merged[key], bool):
-            found.append(f"{key} must be True or False, got {merged[key]!r}")
-    if not isinstance(merged["SCHEDULES"], dict):
-        found.append(f"SCHEDULES must be a dict of schedules by name, got {merged['SCHEDULES']!r}")
+        if not isinstance(values[key], bool):
+            found.append(f"{key} must be True or False, got {values[key]!r}")
+    if not isinstance(values["SCHEDULES"], dict):
+        found.append(f"SCHEDULES must be a dict of schedules by name, got {values['SCHEDULES']!r}")
     return found
 
 
@@ -95,11 +112,10 @@ def get() -> JobsSettings:
     """Return the effective settings, defaults filled in (cached until settings change)."""
     global _cache
     if _cache is None:
-        given = user_settings()
-        merged = {**DEFAULTS, **{k: v for k, v in given.items() if k in DEFAULTS}}
+        values = merged()
         for key in DURATION_KEYS:
-            merged[key] = to_seconds(merged[key])
-        _cache = JobsSettings(**merged)
+            values[key] = to_seconds(values[key])
+        _cache = JobsSettings(**values)
     return _cache
 
 

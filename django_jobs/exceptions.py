@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from django.core.exceptions import SynchronousOnlyOperation
+
 
 class JobsError(Exception):
     """Base class of every error django_jobs raises on purpose."""
@@ -77,3 +79,11 @@ class ExecutionError(JobsError):
 
 class InvalidReturnValue(InvalidJobInput, TypeError):
     """A ``django.tasks`` task returned a value that is not JSON (never retried)."""
+
+
+class SyncOnlyCall(JobsError, SynchronousOnlyOperation):
+    """A synchronous function (``start()``, ``start_many()``) was called from async code.
+
+    A ``SynchronousOnlyOperation``, as Django's own refusal is; the message
+    names ``sync_to_async``.
+    """

@@ -7,6 +7,8 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
 from enum import StrEnum
 from functools import partial
 from typing import Any
@@ -15,6 +17,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.functions import Now
 from django.dispatch import Signal
+from django.utils import timezone
 
 from . import claims, conf, lifecycle, signals, tracing
 from .claims import Claim
@@ -54,6 +57,24 @@ ENDING = {
 }
 
 Write = Callable[[], Outcome]
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A write recording an error (a retry or an unsuccessful end), and that error.
+
+    The error goes to the outcome's log line (with ``exc_info``, so that error
+    trackers group runs by exception) and to ``run_failed`` / ``run_retry_scheduled``.
+    """
+
+    write: Write
+    error: BaseException
+    retry_in: float | None = None  # seconds until the next attempt, for a retry
+
+    def __call__(self) -> Outcome:
+        return self.write()
+
+
 # Takes a completion over: (claim, output, duration) -> None once handed off, or
 # whether the run was written when it had to be written at once.
 HandOff = Callable[[Claim, Any, float], "bool | None"]
@@ -105,17 +126,19 @@ def execute(
     ``QUEUED``, and the completer records and logs it.
     """
     started = time.monotonic()
+    write: Write | None = None
     try:
-        outcome = _execute(claim, ctx, stop, complete or claims.complete, hand_off)
+        write = _prepare(claim, ctx, complete or claims.complete, hand_off)
+        outcome = settle(claim, write, stop)
     except Exception as exc:
         # A bug of ours, not the handler's: still end the run, never leave it running.
         logger.exception("run=%s could not be executed", claim.run_id)
-        outcome = settle(claim, _last_resort(claim, exc), stop)
+        outcome = settle(claim, Failure(_last_resort(claim, exc), exc), stop)
     if outcome is not Outcome.QUEUED:
         # A run the watchdog ended (timeout, ignored cancel) was counted then;
         # the handler's late return is logged (its result dropped), not counted again.
         late = outcome is Outcome.LOST and ctx is not None and ctx.fenced_off
-        log_outcome(claim, outcome, time.monotonic() - started, observe=not late)
+        log_outcome(claim, outcome, time.monotonic() - started, observe=not late, write=write)
         if outcome is not Outcome.COMPLETED:
             # The handler may have failed on a broken connection (to any
             # database): close it, so the next run on this thread gets a fresh one.
@@ -123,27 +146,24 @@ def execute(
     return outcome
 
 
-def _execute(
+def _prepare(
     claim: Claim,
     ctx: JobContext | None,
-    stop: threading.Event | None,
     complete: Callable[[Claim, Any], bool],
     hand_off: HandOff | None,
-) -> Outcome:
+) -> Write:
+    """Run the handler (when there is one to run) and return the write of its outcome."""
     try:
         handler = get_handler(claim.row["job_type"], resolve=True)
     except UnknownJobType as exc:
         # start() refuses unknown types, so this is a deploy where this worker
         # lacks a handler the enqueuer had. Fail it visibly; it can be retried.
-        write = fail_write(claim, error_record(exc, claim.attempt, retryable=False))
-    else:
-        if claim.row["cancel_requested_at"] is not None:
-            # Asked to cancel while it was between attempts: do not start it again.
-            write = cancel_write(claim, "canceled before the attempt started")
-        else:
-            ctx = ctx or JobContext(claim, timeout=handler.timeout)
-            write = _run_handler(handler, ctx, complete, hand_off)
-    return settle(claim, write, stop)
+        return _not_retryable(claim, exc)
+    if claim.row["cancel_requested_at"] is not None:
+        # Asked to cancel while it was between attempts: do not start it again.
+        return cancel_write(claim, "canceled before the attempt started")
+    ctx = ctx or JobContext(claim, timeout=handler.timeout)
+    return _run_handler(handler, ctx, complete, hand_off)
 
 
 def _last_resort_error(claim: Claim, exc: Exception) -> dict[str, Any]:
@@ -217,7 +237,7 @@ def _run_handler(
         if isinstance(exc, JobCanceled):
             return cancel_write(claim, str(exc) or "the handler raised JobCanceled")
         if isinstance(exc, InvalidStepOutput | InvalidReturnValue):
-            return fail_write(claim, error_record(exc, claim.attempt, retryable=False))
+            return _not_retryable(claim, exc)
         return error_write(handler, claim, exc)
     if not ctx.own_outcome():
         return lambda: Outcome.LOST
@@ -227,7 +247,7 @@ def _run_handler(
         output = normalize(result, what=f"the output of {handler.job_type} run {claim.run_id}")
     except InvalidJobInput as exc:
         # Running the same code again would return the same value: not retryable.
-        return fail_write(claim, error_record(exc, claim.attempt, retryable=False))
+        return _not_retryable(claim, exc)
     if claim.row["parent_id"] is not None:
         # Its parent may wait for it: the wake-up needs the single-run path.
         complete = claims.complete
@@ -270,8 +290,10 @@ def error_write(handler: JobHandler, claim: Claim, exc: BaseException) -> Write:
     if _goes_again(handler, claim, exc):
         error = error_record(exc, claim.attempt, retryable=True)
         delay = policy.delay(claim.attempt)
-        return partial(_write, claims.reschedule, claim, error, Outcome.RETRY, delay)
-    return fail_write(claim, error_record(exc, claim.attempt, retryable=policy.is_retryable(exc)))
+        retry = partial(_write, claims.reschedule, claim, error, Outcome.RETRY, delay)
+        return Failure(retry, exc, retry_in=delay)
+    error = error_record(exc, claim.attempt, retryable=policy.is_retryable(exc))
+    return Failure(fail_write(claim, error), exc)
 
 
 def _goes_again(handler: JobHandler, claim: Claim, exc: BaseException) -> bool:
@@ -290,7 +312,12 @@ def timeout_write(handler: JobHandler, claim: Claim) -> Write:
     if _goes_again(handler, claim, exc):
         return error_write(handler, claim, exc)
     error = error_record(exc, claim.attempt, retryable=False)
-    return _end_write(claim, Outcome.TIMED_OUT, error, cancel_requested_at=Now())
+    return Failure(_end_write(claim, Outcome.TIMED_OUT, error, cancel_requested_at=Now()), exc)
+
+
+def _not_retryable(claim: Claim, exc: BaseException) -> Failure:
+    """The write that fails the run at once for ``exc``."""
+    return Failure(fail_write(claim, error_record(exc, claim.attempt, retryable=False)), exc)
 
 
 def fail_write(claim: Claim, error: dict[str, Any]) -> Write:
@@ -366,16 +393,16 @@ def settle(claim: Claim, write: Write, stop: threading.Event | None) -> Outcome:
             # stops). Each ends the run the way any failure does.
             rejected += 1
             if rejected == 1:
-                write = fail_write(claim, error_record(exc, claim.attempt, retryable=False))
+                write = _not_retryable(claim, exc)
             elif rejected == 2:
-                write = _last_resort(claim, exc)
+                write = Failure(_last_resort(claim, exc), exc)
             elif rejected == 3:
-                write = _bare_fail(claim, exc)
+                write = Failure(_bare_fail(claim, exc), exc)
             else:
                 return Outcome.LOST
             continue
         else:
-            _signal(claim, outcome)
+            _signal(claim, outcome, write)
             return outcome
         if stop is not None and stop.wait(delay):
             return Outcome.LOST
@@ -393,12 +420,19 @@ SIGNALS = {
 }
 
 
-def _signal(claim: Claim, outcome: Outcome) -> None:
+# The signals that carry the error (``exception``), as Celery's task_failure does.
+WITH_EXCEPTION = frozenset({Outcome.FAILED, Outcome.RETRY})
+
+
+def _signal(claim: Claim, outcome: Outcome, write: Write) -> None:
     signal = SIGNALS.get(outcome)
     if signal is None:
         return
+    extra = {}
+    if outcome in WITH_EXCEPTION:
+        extra["exception"] = write.error if isinstance(write, Failure) else None
     lifecycle.announce(
-        signal, claim.run_id, claim.row["job_type"], claim.attempt, ended=outcome in ENDING
+        signal, claim.run_id, claim.row["job_type"], claim.attempt, ended=outcome in ENDING, **extra
     )
 
 
@@ -437,16 +471,57 @@ Observer = Callable[[Claim, Outcome, float], None]
 outcome_observers: list[Observer] = []
 
 
-def log_outcome(claim: Claim, outcome: Outcome, duration: float, *, observe: bool = True) -> None:
-    """The one INFO line per run outcome (no payloads); then the observers, if ``observe``."""
-    logger.info(
-        "run=%s type=%s outcome=%s attempt=%d duration=%.3fs",
+# A retry is a WARNING, an unsuccessful end an ERROR; every other outcome is INFO.
+LEVELS = {
+    Outcome.RETRY: logging.WARNING,
+    Outcome.FAILED: logging.ERROR,
+    Outcome.TIMED_OUT: logging.ERROR,
+}
+
+
+def log_outcome(
+    claim: Claim,
+    outcome: Outcome,
+    duration: float,
+    *,
+    observe: bool = True,
+    write: Write | None = None,
+) -> None:
+    """The one line per run outcome (no payloads); then the observers, if ``observe``.
+
+    A retry or an unsuccessful end whose write carries the error (a ``Failure``)
+    names the error's type and message, the next attempt's time for a retry,
+    and passes ``exc_info``, so that error trackers see the handler's exception.
+    """
+    args: tuple[Any, ...] = (
         claim.run_id,
         claim.row["job_type"],
         outcome.value,
         claim.attempt,
         duration,
     )
+    level = LEVELS.get(outcome, logging.INFO)
+    if level == logging.INFO or not isinstance(write, Failure):
+        logger.log(level, "run=%s type=%s outcome=%s attempt=%d duration=%.3fs", *args)
+    else:
+        error = write.error
+        cls = type(error)
+        message = _safely(lambda: str(error), cls)
+        if outcome is Outcome.RETRY and write.retry_in is not None:
+            when = timezone.now() + timedelta(seconds=write.retry_in)
+            next_attempt = when.isoformat(timespec="seconds")
+        else:
+            next_attempt = "none"
+        logger.log(
+            level,
+            "run=%s type=%s outcome=%s attempt=%d duration=%.3fs error=%s message=%r "
+            "next_attempt=%s",
+            *args,
+            f"{cls.__module__}.{cls.__qualname__}",
+            message,
+            next_attempt,
+            exc_info=error,
+        )
     for observer in outcome_observers if observe else ():
         try:
             observer(claim, outcome, duration)

@@ -145,16 +145,19 @@ def _announce_canceled(rows: list[tuple[int, str, int]]) -> None:
         announce(run_canceled, run_id, job_type, attempts, ended=True)
 
 
-def announce(signal: Signal, run_id: int, job_type: str, attempt: int, *, ended: bool) -> None:
+def announce(
+    signal: Signal, run_id: int, job_type: str, attempt: int, *, ended: bool, **extra: Any
+) -> None:
     """Send a run signal once its transition is committed; a receiver's error is logged.
 
     For a run that ``ended``, its handler's ``on_end`` is called first, so
     that it sees the ended run before any receiver (which may retry it).
+    ``extra`` are further keyword arguments of the signal (``exception``).
     """
     if ended:
         run_ended(job_type, run_id)
     for receiver, result in signal.send_robust(
-        JobRun, run_id=run_id, job_type=job_type, attempt=attempt
+        JobRun, run_id=run_id, job_type=job_type, attempt=attempt, **extra
     ):
         if isinstance(result, Exception):
             logger.error("run=%s signal receiver %r raised %r", run_id, receiver, result)

@@ -1,6 +1,6 @@
 """Prometheus metrics: run outcomes and durations, queue depth, lag and paused pools.
 
-Needs the ``prometheus-client`` package (``pip install "django-jobs[metrics]"``).
+Needs the ``prometheus-client`` package (``pip install "django-durable-jobs[metrics]"``).
 Outcomes and durations are counted by the process that records them (a worker,
 or ``drain()``); the queue's depth, lag, workers and pauses are read from the
 database when the metrics are scraped, so any process can expose them.
@@ -33,7 +33,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised without the extra installed
     raise ImproperlyConfigured(
         "django_jobs.metrics needs the prometheus-client package: "
-        'pip install "django-jobs[metrics]"'
+        'pip install "django-durable-jobs[metrics]"'
     ) from exc
 
 from . import conf

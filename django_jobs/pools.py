@@ -10,29 +10,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from datetime import timedelta
 from typing import Any
 
+from django.db import transaction
+from django.db.models import DateTimeField, ExpressionWrapper, Value
 from django.db.models.functions import Now
 
 from . import conf
-from .models import JobPool
+from .models import JobPool, JobRun, Status, Worker, WorkerStatus
+from .names import pool_problem as pool_problem  # re-exported for the admin and backend
 from .notify import notify_pools
 
 logger = logging.getLogger(__name__)
 
-MAX_POOL_NAME = 100
 MAX_PAUSE_REASON = 1000
-
-
-def pool_problem(name: object) -> str | None:
-    """Why ``name`` cannot be a pool name, or None."""
-    if not isinstance(name, str) or not name:
-        return "is not a non-empty string"
-    if len(name) > MAX_POOL_NAME:
-        return f"is longer than {MAX_POOL_NAME} characters"
-    if "\x00" in name:
-        return "contains a NUL character"
-    return None
 
 
 def reason_problem(reason: object) -> str | None:
@@ -96,3 +88,42 @@ def paused_pools() -> dict[str, JobPool]:
 def record_pools(names: Iterable[str]) -> None:
     """Make a row for each pool a worker serves, so the admin lists it (idempotent)."""
     _pools().bulk_create([JobPool(name=name) for name in names], ignore_conflicts=True)
+
+
+class PoolInUse(ValueError):
+    """The pool still has unfinished runs, a live worker, or a pause to keep."""
+
+
+def forget_pool(name: str) -> bool:
+    """Delete the row of an empty pool, so that it leaves ``jobstatus`` and the admin.
+
+    Returns False when there was no row. Raises ``PoolInUse`` while the pool has
+    pending, running or waiting runs, while a live worker serves it (it would
+    record the pool again), or while it is paused (forgetting would resume it).
+    Finished runs stay; they keep their pool name.
+    """
+    name = _checked(name)
+    using = conf.get().DATABASE
+    with transaction.atomic(using=using):
+        row = _pools().select_for_update().filter(name=name).first()
+        if row is None:
+            return False
+        unfinished = JobRun.objects.using(using).filter(
+            pool=name, status__in=[Status.PENDING, Status.RUNNING, Status.WAITING]
+        )
+        if unfinished.exists():
+            raise PoolInUse(f"pool {name!r} has unfinished runs: cancel or finish them first")
+        if row.paused_at is not None:
+            raise PoolInUse(f"pool {name!r} is paused: resume it first")
+        stale = timedelta(seconds=conf.get().STALE_THRESHOLD)
+        cutoff = ExpressionWrapper(Now() - Value(stale), output_field=DateTimeField())
+        serving = Worker.objects.using(using).filter(
+            pools__contains=[name],
+            status__in=[WorkerStatus.RUNNING, WorkerStatus.STOPPING],
+            heartbeat_at__gte=cutoff,
+        )
+        if serving.exists():
+            raise PoolInUse(f"pool {name!r} is served by a live worker: stop it first")
+        row.delete()
+    logger.info("pool=%s forgotten", name)
+    return True

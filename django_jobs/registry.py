@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 from collections.abc import Callable, Iterable
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from .backoff import NO_RETRY, RetryPolicy
 from .conf import to_seconds
 from .exceptions import DuplicateJobType, UnknownJobType
+from .names import pool_problem
 from .schedules import MAX_NAME, Schedule
 
 if TYPE_CHECKING:
@@ -106,6 +108,8 @@ def job(
         raise TypeError(f"job type must be a non-empty string, got {job_type!r}")
     if not isinstance(pool, str) or not pool:
         raise TypeError(f"pool must be a non-empty string, got {pool!r}")
+    if pool_problem(pool) is not None:
+        raise ValueError(f"pool {pool!r} {pool_problem(pool)}")
     if retry is not None and not isinstance(retry, RetryPolicy):
         raise TypeError(f"retry must be a RetryPolicy, got {retry!r}")
     if not (
@@ -123,6 +127,13 @@ def job(
         raise ValueError(f"a scheduled job type is at most {MAX_NAME} characters: {job_type!r}")
 
     def decorate(fn: HandlerFn) -> JobHandler:
+        if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+            # Accepted, it would fail every run ("coroutine is not JSON serializable").
+            raise TypeError(
+                f"@job({job_type!r}) decorates {fn.__qualname__}, an async def function: "
+                "async handlers are not supported yet. Write a plain def handler, and run "
+                "async code from it with asgiref.sync.async_to_sync."
+            )
         handler = JobHandler(
             job_type=job_type,
             fn=fn,

@@ -138,7 +138,9 @@ def from_settings(spec: dict[str, Any]) -> Schedule:
 
 
 def _settings_schedules() -> dict[str, Any]:
-    schedules = conf.get().SCHEDULES
+    # Read as given, not through conf.get(): the checks read them while other
+    # settings may be invalid (and reported beside them).
+    schedules = conf.merged()["SCHEDULES"]
     return schedules if isinstance(schedules, dict) else {}
 
 

@@ -1,7 +1,9 @@
 """Signals sent on run and step transitions. The sender is always ``JobRun``.
 
 Every signal has the keyword arguments ``run_id``, ``job_type`` and ``attempt``;
-``step_completed`` has ``step_id`` and ``output`` instead of ``attempt``.
+``step_completed`` has ``step_id`` and ``output`` instead of ``attempt``;
+``run_failed`` and ``run_retry_scheduled`` also have ``exception``, the error
+that failed the attempt.
 Receivers run in the worker thread that made the transition, after it was
 written; an exception in a receiver is logged, never fails the run.
 """

@@ -181,7 +181,8 @@ class JobsBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
                 messages.append(
                     checks.Error(
                         f"TASKS[{self.alias!r}]['QUEUES'] has {queue!r}, which {problem}.",
-                        hint="Queue names are django_jobs pools: 1 to 100 characters.",
+                        hint="Queue names are django_jobs pools: 1 to 100 characters, "
+                        "no whitespace or control characters.",
                         id="django_jobs.E007",
                     )
                 )

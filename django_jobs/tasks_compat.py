@@ -1,7 +1,7 @@
 """The tasks framework's names: ``django.tasks`` (Django 6.0+) or the django-tasks backport.
 
 On Django 5.2 the same backend works when the ``django-tasks`` package is
-installed (``pip install "django-jobs[tasks]"``); its ``@task`` functions and
+installed (``pip install "django-durable-jobs[tasks]"``); its ``@task`` functions and
 ``TASKS`` setting are then those of ``django_tasks``.
 """
 
@@ -47,7 +47,7 @@ except ImportError:  # Django 5.2
     except ImportError as exc:
         raise ImproperlyConfigured(
             "django_jobs.tasks_backend needs Django 6.0 or later (django.tasks), or on "
-            'Django 5.2 the django-tasks package: pip install "django-jobs[tasks]"'
+            'Django 5.2 the django-tasks package: pip install "django-durable-jobs[tasks]"'
         ) from exc
 
 __all__ = [

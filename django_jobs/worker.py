@@ -100,24 +100,29 @@ class Worker:
     def run(self) -> int:
         """Work until told to stop (or, in burst mode, until nothing is due)."""
         self._register()
-        self._start_watchman()
-        self._completer = Completer(after_write=self._written, stop=self.hard_stop)
+        try:
+            self._start_watchman()
+            self._completer = Completer(after_write=self._written, stop=self.hard_stop)
+            threads = [
+                self._start(self._run_slot, f"django-jobs-slot-{i}")
+                for i in range(self.concurrency)
+            ]
+            listener = None
+            if Listener.enabled():
+                listener = Listener(self.pools, self._wake.set, self.hard_stop)
+                listener.start()
+            beat = self._start(self._heartbeat_loop, "django-jobs-heartbeat")
+            watchdog = self._start(self._watchdog_loop, "django-jobs-watchdog")
+            scheduling = self._start_scheduler()
+        except BaseException:
+            self._abort_start()
+            raise
         logger.info(
             "worker=%s started pools=%s concurrency=%d",
             self.worker_id,
             ",".join(self.pools),
             self.concurrency,
         )
-        threads = [
-            self._start(self._run_slot, f"django-jobs-slot-{i}") for i in range(self.concurrency)
-        ]
-        listener = None
-        if Listener.enabled():
-            listener = Listener(self.pools, self._wake.set, self.hard_stop)
-            listener.start()
-        beat = self._start(self._heartbeat_loop, "django-jobs-heartbeat")
-        watchdog = self._start(self._watchdog_loop, "django-jobs-watchdog")
-        scheduling = self._start_scheduler()
         try:
             self._claim_loop()
             code = self._drain()
@@ -145,6 +150,21 @@ class Worker:
             code,
         )
         return code
+
+    def _abort_start(self) -> None:
+        """Undo a start that failed half-way (threads, listener): stop what started,
+        and mark the Worker row stopped instead of leaving it "running"."""
+        self.stopping.set()
+        self.hard_stop.set()
+        for _ in range(self.concurrency):
+            self._queue.put(None)
+        completer = getattr(self, "_completer", None)
+        if completer is not None:
+            completer.close()
+        if self._watchman is not None:
+            self._watchman.stop()
+        self._quietly(claims.stop_worker, self.worker_id)
+        logger.error("worker=%s could not start; marked stopped", self.worker_id)
 
     def _register(self) -> None:
         worker = claims.register_worker(
@@ -391,8 +411,9 @@ class Worker:
                 # then finds the outcome taken, and this timeout is what is written.
                 ctx.request_cancel()
                 handler = get_handler(ctx.job_type, resolve=True)
-                outcome = settle(ctx.claim, timeout_write(handler, ctx.claim), self.hard_stop)
-                log_outcome(ctx.claim, outcome, now - ctx.started)
+                write = timeout_write(handler, ctx.claim)
+                outcome = settle(ctx.claim, write, self.hard_stop)
+                log_outcome(ctx.claim, outcome, now - ctx.started, write=write)
             elif (
                 ctx.cancel_noticed_at is not None
                 and now > ctx.cancel_noticed_at + self.cancel_grace

@@ -6,6 +6,8 @@ import argparse
 import re
 from datetime import timedelta
 
+from django_jobs.names import pool_problem
+
 UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 
 
@@ -16,6 +18,24 @@ def positive_int(value: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from None
     if number < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
+    return number
+
+
+# Threads (and database connections) one worker process may run at once. Far
+# past what one process serves well (a second process scales further), and far
+# below where threads cannot be started any more.
+MAX_CONCURRENCY = 1000
+
+
+def concurrency(value: str) -> int:
+    """``--concurrency``: 1 to ``MAX_CONCURRENCY``."""
+    message = f"expected an integer from 1 to {MAX_CONCURRENCY}, got {value!r}"
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(message) from None
+    if not 1 <= number <= MAX_CONCURRENCY:
+        raise argparse.ArgumentTypeError(message)
     return number
 
 
@@ -37,8 +57,12 @@ def positive_float(value: str) -> float:
 
 
 def pool_name(value: str) -> str:
-    if not value.strip() or len(value) > 100:
-        raise argparse.ArgumentTypeError(f"expected a pool name (1-100 characters), got {value!r}")
+    """A pool name: 1-100 characters, no whitespace, no control characters."""
+    if pool_problem(value) is not None:
+        raise argparse.ArgumentTypeError(
+            f"expected a pool name (1-100 characters, no whitespace or control characters), "
+            f"got {value!r}"
+        )
     return value
 
 

@@ -149,7 +149,7 @@ def test_a_child_ended_by_the_executors_last_resort_wakes_its_parent(
     def broken(*args: object) -> Outcome:
         raise RuntimeError("a bug of ours")
 
-    monkeypatch.setattr(execution, "_execute", broken)
+    monkeypatch.setattr(execution, "_prepare", broken)
     assert execute(claim) == Outcome.FAILED
     child = JobRun.objects.get(pk=claim.run_id)
     assert (child.status, child.error["type"]) == (

@@ -182,7 +182,7 @@ def test_without_prometheus_client_the_import_says_what_to_install(
 ) -> None:
     monkeypatch.setitem(sys.modules, "prometheus_client", None)
     monkeypatch.delitem(sys.modules, "django_jobs.metrics")
-    with pytest.raises(ImproperlyConfigured, match=r"django-jobs\[metrics\]"):
+    with pytest.raises(ImproperlyConfigured, match=r"django-durable-jobs\[metrics\]"):
         importlib.import_module("django_jobs.metrics")
 
 

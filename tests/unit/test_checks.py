@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 
 from django_jobs import conf
-from django_jobs.checks import check_database, check_databases, check_settings
+from django_jobs.checks import check_database, check_databases, check_schedules, check_settings
 
 
 def ids(messages: list[Any]) -> list[str]:
@@ -77,6 +77,34 @@ def test_stale_threshold_must_cover_three_heartbeats(settings: Any) -> None:
 def test_use_tz_off_is_an_error(settings: Any) -> None:
     settings.USE_TZ = False
     assert "django_jobs.E004" in ids(check_settings())
+
+
+def test_every_problem_is_reported_at_once(settings: Any) -> None:
+    # One bad key used to hide E002, E003 and E004 until it was fixed.
+    settings.USE_TZ = False
+    settings.DJANGO_JOBS = {
+        "POLL_INTERVALL": 1,
+        "LISTEN_NOTIFY": "yes",
+        "DATABASE": "jobs",
+        "HEARTBEAT_INTERVAL": 10,
+        "STALE_THRESHOLD": 20,
+        "SCHEDULES": {"nightly": {"job_type": "tests.noop", "cron": "61 * * * *"}},
+    }
+    messages = check_settings() + check_schedules()
+    assert ids(messages) == [
+        "django_jobs.E001",
+        "django_jobs.E001",
+        "django_jobs.E002",
+        "django_jobs.E003",
+        "django_jobs.E004",
+        "django_jobs.E010",
+    ]
+
+
+def test_a_check_on_invalid_values_is_skipped_not_crashed(settings: Any) -> None:
+    # E003 compares two durations: one is invalid (E001), so E003 says nothing.
+    settings.DJANGO_JOBS = {"HEARTBEAT_INTERVAL": "10s", "STALE_THRESHOLD": 1, "DATABASE": 3}
+    assert ids(check_settings()) == ["django_jobs.E001", "django_jobs.E001"]
 
 
 def test_sqlite_gets_a_single_process_warning() -> None:

@@ -1,14 +1,22 @@
-"""``manage.py jobpool pause|resume|list``: stop and restart claiming from pools."""
+"""``manage.py jobpool pause|resume|list|forget``: stop and restart claiming from pools."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from django_jobs.management.arguments import pool_name
-from django_jobs.pools import pause_pool, paused_pools, reason_problem, resume_pool
+from django_jobs.management.base import JobsCommand
+from django_jobs.pools import (
+    PoolInUse,
+    forget_pool,
+    pause_pool,
+    paused_pools,
+    reason_problem,
+    resume_pool,
+)
 
 
 def pause_reason(value: str) -> str:
@@ -18,10 +26,10 @@ def pause_reason(value: str) -> str:
     return value
 
 
-class Command(BaseCommand):
+class Command(JobsCommand):
     help = (
         "Pause a pool (workers stop claiming its pending runs; running runs finish), "
-        "resume it, or list the paused pools."
+        "resume it, list the paused pools, or forget an empty pool."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -34,11 +42,20 @@ class Command(BaseCommand):
         resume = actions.add_parser("resume", help="let workers claim runs of these pools again")
         resume.add_argument("pools", nargs="+", type=pool_name, metavar="POOL")
         actions.add_parser("list", help="list the paused pools")
+        forget = actions.add_parser(
+            "forget",
+            help="forget pools without unfinished runs or live workers (jobstatus and the "
+            "admin stop listing them)",
+        )
+        forget.add_argument("pools", nargs="+", type=pool_name, metavar="POOL")
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
         if action == "list":
             self._list()
+            return
+        if action == "forget":
+            self._forget(options["pools"])
             return
         for name in options["pools"]:
             if action == "pause":
@@ -59,3 +76,11 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"{pool.name} paused since {pool.paused_at:%Y-%m-%d %H:%M:%S %Z}{reason}"
             )
+
+    def _forget(self, names: list[str]) -> None:
+        for name in names:
+            try:
+                forgotten = forget_pool(name)
+            except PoolInUse as exc:
+                raise CommandError(str(exc)) from None
+            self.stdout.write(f"Forgot {name!r}." if forgotten else f"{name!r} is not known.")

@@ -6,11 +6,12 @@ import json
 import time
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandParser
 from django.db import DatabaseError, connections
 
 from django_jobs import conf
 from django_jobs.management.arguments import describe, duration, pool_name, positive_float
+from django_jobs.management.base import JobsCommand, database_error, first_line
 from django_jobs.status import FINISHED, Snapshot, age, snapshot
 
 COLUMNS = ["pool", "state", "pending", "oldest", "running", "waiting", *FINISHED, "runs/min"]
@@ -73,7 +74,7 @@ def render(shot: Snapshot) -> str:
     return "\n".join(lines)
 
 
-class Command(BaseCommand):
+class Command(JobsCommand):
     help = (
         "Show, per pool, runs by status (finished ones within --window), the age of the "
         "oldest due pending run, runs per minute, live workers and running runs' progress."
@@ -113,9 +114,9 @@ class Command(BaseCommand):
                     shot = snapshot(window=options["window"], pools=options["pools"])
                 except DatabaseError as exc:
                     if not options["watch"]:
-                        raise CommandError(f"cannot read the queue: {exc}".strip()) from None
+                        raise database_error(exc) from exc
                     # --watch outlives a database restart: say so, reconnect next time.
-                    self.stderr.write(f"cannot read the queue: {exc}".strip())
+                    self.stderr.write(f"cannot read the queue: {first_line(exc)}")
                     connections[conf.get().DATABASE].close_if_unusable_or_obsolete()
                 else:
                     self._show(shot, options)

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
 from django_jobs.management.arguments import describe, duration, positive_int
+from django_jobs.management.base import JobsCommand
 from django_jobs.models import TERMINAL_STATUSES
 from django_jobs.retention import prune
 
 DEFAULT_RETENTION = "30d"
 
 
-class Command(BaseCommand):
+class Command(JobsCommand):
     help = (
         "Delete runs that finished longer ago than --older-than, with their child runs and "
         "steps, in batches. Runs with unfinished children are kept."

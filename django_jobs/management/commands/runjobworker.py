@@ -7,19 +7,33 @@ import sys
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from django_jobs import conf
-from django_jobs.checks import check_database
+from django_jobs.checks import check_database, connection_limit
 from django_jobs.logstream import BurstHandler
-from django_jobs.management.arguments import pool_name, port, positive_float, positive_int
+from django_jobs.management.arguments import (
+    MAX_CONCURRENCY,
+    concurrency,
+    pool_name,
+    port,
+    positive_float,
+    positive_int,
+)
+from django_jobs.management.base import JobsCommand
+from django_jobs.management.startup import wait_for_database, warn_of_pools_without_handlers
 from django_jobs.worker import Worker
 
+DEFAULT_START_TIMEOUT = 30.0
 VERBOSITY_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
 
 
-class Command(BaseCommand):
-    help = "Run django_jobs runs of the given pools until stopped (SIGTERM/SIGINT drains)."
+class Command(JobsCommand):
+    help = (
+        "Run django_jobs runs of the given pools until stopped (SIGTERM/SIGINT drains). "
+        "At start, an unreachable database is retried for --start-timeout seconds; then, "
+        "or at once when the django_jobs tables are missing, the command exits with status 1."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
@@ -32,10 +46,11 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--concurrency",
-            type=positive_int,
+            type=concurrency,
             default=1,
             metavar="N",
-            help="runs executed at once, one thread each (default: 1)",
+            help=f"runs executed at once, one thread and database connection each, "
+            f"1 to {MAX_CONCURRENCY} and at most the server's max_connections (default: 1)",
         )
         parser.add_argument(
             "--burst",
@@ -55,6 +70,14 @@ class Command(BaseCommand):
             default=None,
             metavar="S",
             help="seconds between claims when idle (default: POLL_INTERVAL setting)",
+        )
+        parser.add_argument(
+            "--start-timeout",
+            type=positive_float,
+            default=DEFAULT_START_TIMEOUT,
+            metavar="S",
+            help="seconds to keep retrying an unreachable database at start before exiting "
+            f"with status 1 (default: {DEFAULT_START_TIMEOUT:g})",
         )
         parser.add_argument(
             "--no-scheduler",
@@ -80,16 +103,26 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         self._configure_logging(options["verbosity"])
+        alias = conf.get().DATABASE
+        wait_for_database(alias, options["start_timeout"])
         # The command's own system checks ran already; the database ones need a
         # connection and are not run by default, but a worker must not start on a
         # database that cannot lock rows safely.
-        problems = [m for m in check_database(conf.get().DATABASE) if m.is_serious()]
+        problems = [m for m in check_database(alias) if m.is_serious()]
         if problems:
             raise CommandError("; ".join(f"{m.id}: {m.msg}" for m in problems))
+        limit = connection_limit(alias)
+        if limit is not None and options["concurrency"] > limit:
+            raise CommandError(
+                f"--concurrency {options['concurrency']} needs at least as many connections "
+                f"to the jobs database; its server accepts {limit} (max_connections)."
+            )
         if options["metrics_port"] is not None:
             self._serve_metrics(options["metrics_port"], options["metrics_addr"])
+        pools = options["pools"] or ["default"]
+        warn_of_pools_without_handlers(pools)
         worker = Worker(
-            options["pools"] or ["default"],
+            pools,
             concurrency=options["concurrency"],
             burst=options["burst"],
             max_runs=options["max_runs"],
@@ -98,7 +131,15 @@ class Command(BaseCommand):
             watchman=True,
         )
         worker.install_signal_handlers()
-        code = worker.run()
+        try:
+            code = worker.run()
+        except RuntimeError as exc:
+            if "can't start new thread" not in str(exc):
+                raise
+            raise CommandError(
+                f"the worker could not start its threads ({exc}); lower --concurrency "
+                f"({options['concurrency']})."
+            ) from exc
         if code:
             sys.exit(code)
 

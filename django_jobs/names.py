@@ -1,0 +1,21 @@
+"""Names an operator types and reads back: what makes a valid pool name (no database)."""
+
+from __future__ import annotations
+
+MAX_POOL_NAME = 100
+
+
+def pool_problem(name: object) -> str | None:
+    """Why ``name`` cannot be a pool name, or None.
+
+    Whitespace and control characters are refused: ``"orders "`` would look
+    like ``"orders"`` in every listing while being another pool, and a name
+    that cannot be typed back cannot be paused or forgotten.
+    """
+    if not isinstance(name, str) or not name:
+        return "is not a non-empty string"
+    if len(name) > MAX_POOL_NAME:
+        return f"is longer than {MAX_POOL_NAME} characters"
+    if any(c.isspace() or not c.isprintable() for c in name):
+        return "contains whitespace or a control character"
+    return None
