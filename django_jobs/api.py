@@ -306,7 +306,8 @@ def _locked(run_id: int, tenant_id: str | None, *, parent_first: bool = False) -
     if run is None:
         raise RunNotFound(f"no run with id {run_id}")
     if tenant_id is not None and run.tenant_id != tenant_id:
-        raise RunNotFound(f"no run with id {run_id} for tenant {tenant_id!r}")
+        # The same answer as a missing run: a caller learns nothing of other tenants.
+        raise RunNotFound(f"no run with id {run_id}")
     return run
 
 
@@ -361,16 +362,29 @@ def _template(
 
 
 def _attach(run: JobRun, parent: JobRun | int) -> None:
+    """Make ``run`` a child of ``parent``, in the parent's tenant.
+
+    A child belongs to its parent's tenant: without a ``tenant_id`` it takes the
+    parent's, and a parent of another tenant reads as a missing one.
+    """
     if not isinstance(parent, JobRun):
-        parent = (
+        if isinstance(parent, bool) or not isinstance(parent, int):
+            raise RunNotFound(f"run ids are integers, got {parent!r}")
+        found = (
             JobRun.objects.using(conf.get().DATABASE)
             .only("id", "root_id", "tenant_id")
-            .get(pk=parent)
+            .filter(pk=parent)
+            .first()
         )
-    run.parent_id = parent.pk
-    run.root_id = parent.root_id or parent.pk
+        if found is None:
+            raise RunNotFound(f"no run with id {parent}")
+        parent = found
     if run.tenant_id is None:
         run.tenant_id = parent.tenant_id
+    elif run.tenant_id != parent.tenant_id:
+        raise RunNotFound(f"no run with id {parent.pk}")
+    run.parent_id = parent.pk
+    run.root_id = parent.root_id or parent.pk
     run.trigger_source = "child"
     run.trigger_ref = str(parent.pk)
 

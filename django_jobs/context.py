@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -27,7 +28,7 @@ from .exceptions import (
     JobCanceled,
 )
 from .models import TERMINAL_STATUSES, ClosePolicy, JobRun, Status
-from .payloads import to_json
+from .payloads import printable, to_json
 from .signals import step_completed
 
 logger = logging.getLogger("django_jobs.job")
@@ -64,18 +65,33 @@ PROGRESS_INTERVAL = 1.0
 MAX_PROGRESS_MESSAGE = 1000
 
 
+# Progress counts are stored as JSON numbers and shown as floats: bounded so that
+# every reader can convert them (10**400 cannot be).
+MAX_PROGRESS = 1e15
+
+
 def _progress(done: Any, total: Any, message: Any) -> dict[str, Any]:
     """The progress record, after checking the handler's values."""
     for name, value in (("done", done), ("total", total)):
         if value is None and name == "total":
             continue
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        if isinstance(value, bool) or not isinstance(value, int | float):
             raise ValueError(f"set_progress(): {name} must be a number >= 0, got {value!r}")
-        if value == float("inf"):
-            raise ValueError(f"set_progress(): {name} must be finite, got {value!r}")
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
+        if not number >= 0:  # NaN too
+            raise ValueError(f"set_progress(): {name} must be a number >= 0, got {value!r}")
+        if number > MAX_PROGRESS:
+            raise ValueError(
+                f"set_progress(): {name} must be finite and at most {MAX_PROGRESS:g}, "
+                f"got {value!r}"[:200]
+            )
     if not isinstance(message, str):
         raise ValueError(f"set_progress(): message must be a string, got {message!r}")
-    return {"done": done, "total": total, "message": message[:MAX_PROGRESS_MESSAGE]}
+    # No control characters: they would rewrite an operator's terminal (jobstatus).
+    return {"done": done, "total": total, "message": printable(message, MAX_PROGRESS_MESSAGE)}
 
 
 class JobContext:

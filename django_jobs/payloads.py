@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 
 from . import conf
 from .exceptions import InvalidJobInput
+
+# How deeply lists and objects may nest in a stored value. Far beyond what any
+# job needs, and far below what breaks a JSON decoder (Python's recursion limit
+# is hit near 1,000): a value that could be stored could then never be read.
+MAX_DEPTH = 200
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_BRACKET = re.compile(r"[\[\]{}]")
 
 
 def normalize(value: Any, *, what: str) -> Any:
@@ -27,10 +37,12 @@ def to_json(value: Any, *, what: str) -> str:
     """The JSON text ``value`` is stored as; ``InvalidJobInput`` when it cannot be stored."""
     try:
         text = json.dumps(value, cls=DjangoJSONEncoder, allow_nan=False, ensure_ascii=False)
-    except RecursionError:
+    except RecursionError:  # far deeper than MAX_DEPTH
         raise InvalidJobInput(f"{what} is nested too deeply to be stored as JSON") from None
     except (TypeError, ValueError) as exc:
         raise InvalidJobInput(f"{what} is not JSON-serializable: {exc}") from None
+    if _depth(text) > MAX_DEPTH:
+        raise InvalidJobInput(f"{what} nests lists or objects more than {MAX_DEPTH} deep")
     # PostgreSQL's jsonb cannot hold a NUL character; say so here, not at INSERT.
     if "\\u0000" in text:
         raise InvalidJobInput(f"{what} contains a NUL character (\\u0000), which cannot be stored")
@@ -46,3 +58,36 @@ def to_json(value: Any, *, what: str) -> str:
             f"{what} is {size} bytes as JSON, more than MAX_INPUT_BYTES ({limit})"
         )
     return text
+
+
+def _depth(text: str) -> int:
+    """How deeply the JSON ``text`` nests lists and objects (0 when it has too
+    few brackets to go deeper than ``MAX_DEPTH``)."""
+    if text.count("[") + text.count("{") <= MAX_DEPTH:
+        return 0
+    depth = deepest = 0
+    for bracket in _BRACKET.findall(_STRING.sub("", text)):
+        if bracket in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
+
+
+def finite(value: Any) -> float | None:
+    """A stored number as a finite float, or None for anything else (a row may hold anything)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def printable(text: Any, limit: int = 1000) -> str:
+    """Stored text made safe for a terminal: control characters become spaces."""
+    if not isinstance(text, str):
+        return ""
+    return "".join(c if c.isprintable() else " " for c in text[:limit])

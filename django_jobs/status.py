@@ -18,6 +18,7 @@ from django.utils.dateparse import parse_datetime
 
 from . import conf
 from .models import JobPool, JobRun, Status, Worker, WorkerStatus
+from .payloads import finite, printable
 
 UNFINISHED = (Status.PENDING, Status.RUNNING, Status.WAITING)
 FINISHED = (Status.COMPLETED, Status.FAILED, Status.TIMED_OUT, Status.CANCELED)
@@ -247,7 +248,7 @@ def _progress(runs: Any) -> list[RunProgress]:
     )
     found = []
     for row in rows:
-        progress = row["progress"] or {}
+        progress = row["progress"] if isinstance(row["progress"], dict) else {}
         found.append(
             RunProgress(
                 run_id=row["id"],
@@ -255,9 +256,9 @@ def _progress(runs: Any) -> list[RunProgress]:
                 pool=row["pool"],
                 attempt=row["attempts"],
                 running_for=row["running_for"],
-                done=progress.get("done", 0),
-                total=progress.get("total"),
-                message=progress.get("message", ""),
+                done=finite(progress.get("done")) or 0.0,
+                total=finite(progress.get("total")),
+                message=printable(progress.get("message")),
                 updated=_parsed(progress.get("at")),
             )
         )

@@ -12,6 +12,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from ..models import JobRun, Status
+from ..payloads import finite
 
 EMPTY = "-"  # what the admin shows for "no value", as Django's own columns do
 
@@ -73,11 +74,14 @@ def run_label(run: JobRun) -> SafeString | str:
 
 def progress(value: Any) -> str:
     """``3 / 12 (25%) copying rows``, from a run's ``progress``; the empty mark when none."""
-    if not isinstance(value, dict) or "done" not in value:
+    if not isinstance(value, dict):
         return EMPTY
-    done, total = value["done"], value.get("total")
+    done, total = finite(value.get("done")), finite(value.get("total"))
+    if done is None:
+        return EMPTY
     text = f"{done:g}" if total is None else f"{done:g} / {total:g}"
     if total:
         text += f" ({min(100.0, 100.0 * done / total):.0f}%)"
     message = value.get("message") or ""
+    message = message[:1000] if isinstance(message, str) else ""
     return f"{text} {message}" if message else text

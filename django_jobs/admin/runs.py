@@ -197,7 +197,17 @@ class JobRunAdmin(PoolsPageMixin, OperationsMixin, admin.ModelAdmin):  # type: i
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[JobRun]:
         queryset: QuerySet[JobRun] = super().get_queryset(request)
+        if getattr(request, "_django_jobs_list", False):
+            # The list shows none of the payloads: never load (or decode) them there.
+            queryset = queryset.defer("input", "output", "error")
         return queryset.using(conf.get().DATABASE)
+
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        request._django_jobs_list = True  # type: ignore[attr-defined]
+        try:
+            return super().get_changelist_instance(request)
+        finally:
+            request._django_jobs_list = False  # type: ignore[attr-defined]
 
     def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
         queryset = self.get_queryset(request).select_related("parent", "root", "claimed_by")
