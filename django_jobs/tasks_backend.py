@@ -311,13 +311,23 @@ def resolve_task(job_type: str) -> JobHandler | None:
     """The handler of a task named by its module path, when a JobsBackend is configured.
 
     A worker imports the task's module the first time it meets one of its runs,
-    as Django's own task pickling does; nothing is imported unless ``TASKS``
-    uses a JobsBackend and the path names a ``Task``.
+    as Django's own task pickling does. The path comes from a row, so it is
+    checked before anything is imported: ``TASKS`` must use a JobsBackend, and
+    the module must belong to an installed app (a forged ``this.s`` imports
+    nothing). After the import, the path must name a ``Task`` by its own path.
     """
-    if "." not in job_type or not _configured():
+    if "." not in job_type or not _configured() or not _in_installed_app(job_type):
         return None
     task = _import_task(job_type)
     return None if task is None else handler_for(task)
+
+
+def _in_installed_app(path: str) -> bool:
+    module = path.rpartition(".")[0]
+    return any(
+        module == config.name or module.startswith(config.name + ".")
+        for config in apps.get_app_configs()
+    )
 
 
 def _import_task(path: str) -> AnyTask | None:
@@ -325,7 +335,9 @@ def _import_task(path: str) -> AnyTask | None:
         task = import_string(path)
     except ImportError:
         return None
-    return task if isinstance(task, Task) else None
+    if not isinstance(task, Task) or task.module_path != path:
+        return None
+    return task
 
 
 def _configured() -> bool:

@@ -111,3 +111,36 @@ def test_a_child_belongs_to_its_parents_tenant_or_is_refused() -> None:
 def test_a_parent_that_is_not_an_id_is_refused() -> None:
     with pytest.raises(RunNotFound):
         start("tests.noop", parent="1; DROP TABLE x")  # type: ignore[arg-type]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("job_type", ["this.s", "antigravity.fly", "tests.testapp.tasks.Task"])
+def test_a_forged_job_type_imports_nothing_outside_the_projects_tasks(job_type: str) -> None:
+    import sys
+
+    from django_jobs.testing import drain
+    from tests.factories import JobRunFactory
+
+    module = job_type.rpartition(".")[0]
+    if module in ("this", "antigravity"):
+        sys.modules.pop(module, None)
+    run = JobRunFactory(job_type=job_type)
+    drain()
+    run.refresh_from_db()
+    assert (run.status, run.error["type"]) == ("failed", "django_jobs.exceptions.UnknownJobType")
+    if module in ("this", "antigravity"):
+        assert module not in sys.modules
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_task_of_an_installed_app_still_runs_from_its_path() -> None:
+    from django_jobs.testing import drain
+
+    from django_jobs.registry import _resolved
+    from tests.testapp.tasks import add
+
+    result = add.enqueue(2, 3)
+    _resolved.pop("tests.testapp.tasks.add", None)  # resolved again from the row's path
+    drain()
+    run = JobRun.objects.get(pk=int(result.id))
+    assert (run.job_type, run.status, run.output) == ("tests.testapp.tasks.add", "completed", 5)
