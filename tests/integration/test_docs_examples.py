@@ -200,9 +200,13 @@ def check_settings(example: Example, namespace: dict[str, Any]) -> None:
 
 @contextmanager
 def example_module(example: Example) -> Iterator[types.ModuleType]:
-    """A module for the block's namespace, importable by name while the block runs."""
+    """A module for the block's namespace, importable by name while the block runs.
+
+    It sits inside an installed app, as a user's jobs.py and tasks.py do: the tasks
+    backend resolves a task path only there.
+    """
     slug = re.sub(r"\W", "_", example.page[:-3])
-    module = types.ModuleType(f"docs_example_{slug}_{example.number}")
+    module = types.ModuleType(f"tests.testapp.docs_example_{slug}_{example.number}")
     sys.modules[module.__name__] = module
     try:
         yield module
