@@ -28,6 +28,8 @@ from .registry import JobHandler, get_handler
 RETRYABLE_STATUSES = frozenset({Status.FAILED, Status.TIMED_OUT, Status.CANCELED})
 PRIORITY_MIN = -32768
 PRIORITY_MAX = 32767
+MAX_TAGS = 50  # each at most 100 characters: tags are for finding runs, not for data
+MAX_REASON = 1000  # characters of a cancel reason
 
 
 def start(
@@ -226,12 +228,12 @@ def cancel(
     canceling twice is harmless. With ``tenant_id``, a run of another tenant is
     refused with ``RunNotFound``.
     """
+    reason = _text("reason", reason, MAX_REASON) or "canceled"
     using = conf.get().DATABASE
     with transaction.atomic(using=using):
         run = _locked(run_id, tenant_id, parent_first=True)
         if run.status in TERMINAL_STATUSES:
             return 0
-        reason = reason or "canceled"
         if run.status == Status.RUNNING:
             return lifecycle.request_cancel([run.pk], reason, cascade=cascade)
         count = len(lifecycle.cancel_now([run.pk], reason))
@@ -452,6 +454,8 @@ def _tags(tags: Sequence[str]) -> list[str]:
     if isinstance(tags, str):
         raise InvalidJobInput("tags must be a sequence of strings, not one string")
     result = list(tags)
+    if len(result) > MAX_TAGS:
+        raise InvalidJobInput(f"a run has at most {MAX_TAGS} tags, got {len(result)}")
     for tag in result:
         _text("tag", tag, 100, required=True)
     return result

@@ -58,6 +58,12 @@ ENDING = {
 
 Write = Callable[[], Outcome]
 
+# How long a stored error's message and traceback may be, in characters. An
+# exception's text is as hostile as any payload (a 50 MB message would make a
+# 100 MB run page); past these, the middle is cut and says how much.
+MAX_ERROR_MESSAGE = 10_000
+MAX_TRACEBACK = 50_000
+
 
 @dataclass(frozen=True)
 class Failure:
@@ -87,13 +93,26 @@ def error_record(error: BaseException, attempt: int, *, retryable: bool) -> dict
     exception that cannot be printed is described as such.
     """
     cls = type(error)
+    message = _safely(lambda: str(error), cls)
+    trace = _safely(lambda: "".join(traceback.format_exception(error)), cls)
     return {
         "type": f"{cls.__module__}.{cls.__qualname__}",
-        "message": _storable(_safely(lambda: str(error), cls)),
-        "traceback": _storable(_safely(lambda: "".join(traceback.format_exception(error)), cls)),
+        "message": _storable(clip(message, MAX_ERROR_MESSAGE)),
+        # A traceback's end names the failing line: keep both ends of a long one.
+        "traceback": _storable(clip(trace, MAX_TRACEBACK, tail=MAX_TRACEBACK * 4 // 5)),
         "attempt": attempt,
         "retryable": retryable,
     }
+
+
+def clip(text: str, limit: int, *, tail: int = 0) -> str:
+    """``text`` cut to about ``limit`` characters, saying how much was left out;
+    the last ``tail`` of them are kept from its end."""
+    if len(text) <= limit:
+        return text
+    head = limit - tail
+    dropped = len(text) - head - tail
+    return f"{text[:head]}\n… [{dropped:,} characters cut] …\n{text[len(text) - tail :]}"
 
 
 def _safely(render: Callable[[], str], cls: type) -> str:

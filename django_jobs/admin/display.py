@@ -38,16 +38,61 @@ def badge(status: str) -> SafeString:
     )
 
 
-def pretty_json(value: Any, *, limit: int | None = None) -> SafeString:
-    """JSON indented in a <pre>, escaped (format_html escapes every argument)."""
-    text = json.dumps(value, cls=DjangoJSONEncoder, indent=2, ensure_ascii=False, sort_keys=True)
-    if limit is not None and len(text) > limit:
-        text = text[:limit] + " …"
-    return format_html('<pre class="dj-json" style="white-space:pre-wrap;margin:0">{}</pre>', text)
+# How many characters of one payload (an input, an output, an error, a
+# traceback) a page renders. The whole value is a download away: an indented
+# 1 MB input could otherwise render as hundreds of megabytes.
+SHOWN = 64 * 1024
 
 
-def preformatted(text: str) -> SafeString:
-    return format_html('<pre style="white-space:pre-wrap;margin:0">{}</pre>', text)
+def pretty_json(value: Any, *, whole: str | None = None) -> SafeString:
+    """JSON indented in a <pre>, escaped (format_html escapes every argument),
+    at most ``SHOWN`` characters of it; past that, a note and the ``whole`` link."""
+    text, cut = _indented(value)
+    note = truncated(stored_size(value), whole) if cut else ""
+    return format_html(
+        '<pre class="dj-json" style="white-space:pre-wrap;margin:0">{}</pre>{}', text, note
+    )
+
+
+def _indented(value: Any) -> tuple[str, bool]:
+    """The first ``SHOWN`` characters of ``value`` as indented JSON, and whether
+    there was more. The encoder is iterated, so only what is shown is built."""
+    encoder = DjangoJSONEncoder(indent=2, ensure_ascii=False, sort_keys=True)
+    parts: list[str] = []
+    length = 0
+    for chunk in encoder.iterencode(value):
+        parts.append(chunk)
+        length += len(chunk)
+        if length > SHOWN:
+            return "".join(parts)[:SHOWN], True
+    return "".join(parts), False
+
+
+def stored_size(value: Any) -> int:
+    """Bytes of ``value`` as compact JSON: about what the database holds."""
+    text = json.dumps(value, cls=DjangoJSONEncoder, ensure_ascii=False)
+    return len(text.encode("utf-8", "backslashreplace"))
+
+
+def preformatted(text: str, *, whole: str | None = None) -> SafeString:
+    """Text in a <pre>, at most ``SHOWN`` characters; past that, a note and the ``whole`` link."""
+    note = ""
+    if len(text) > SHOWN:
+        note = truncated(len(text.encode("utf-8", "backslashreplace")), whole)
+        text = text[:SHOWN]
+    return format_html('<pre style="white-space:pre-wrap;margin:0">{}</pre>{}', text, note)
+
+
+def truncated(size: int, whole: str | None, *, unit: str = "bytes") -> SafeString:
+    """The note under a cut value: its whole size, and where to get all of it."""
+    if whole is None:
+        return format_html('<p class="dj-truncated">truncated, {} {}</p>', f"{size:,}", unit)
+    return format_html(
+        '<p class="dj-truncated">truncated, {} {}: <a href="{}">download the whole value</a></p>',
+        f"{size:,}",
+        unit,
+        whole,
+    )
 
 
 def duration(start: datetime | None, end: datetime | None) -> str:

@@ -8,8 +8,10 @@ from typing import Any
 from django.contrib import admin
 from django.core.paginator import Paginator
 from django.db import connections
-from django.db.models import QuerySet
+from django.db.models import QuerySet, TextField
+from django.db.models.functions import Cast, Coalesce, Left, Length
 from django.http import HttpRequest
+from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
@@ -18,11 +20,16 @@ from ..models import JobRun, JobStep, Worker
 from ..registry import all_handlers
 from . import display
 from .display import EMPTY
+from .downloads import DownloadsMixin
 from .operations import OperationsMixin
 from .pools import PoolsPageMixin
 
-# Children listed on a run's page; the rest are counted.
+# Children listed on a run's page; the rest are a filtered run list away.
 CHILDREN_SHOWN = 50
+# Steps per page of a run's step timeline (?steps=N pages through them), and
+# how much of each step's output or error the timeline shows.
+STEPS_SHOWN = 50
+STEP_PREVIEW = 300
 
 
 class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
@@ -97,7 +104,7 @@ class TenantFilter(ExactFilter):
         return [(t, t) for t in tenants if t is not None]
 
 
-class JobRunAdmin(PoolsPageMixin, OperationsMixin, admin.ModelAdmin):  # type: ignore[type-arg,misc]
+class JobRunAdmin(DownloadsMixin, PoolsPageMixin, OperationsMixin, admin.ModelAdmin):  # type: ignore[type-arg,misc]
     list_display = [
         "id",
         "job_type",
@@ -117,7 +124,7 @@ class JobRunAdmin(PoolsPageMixin, OperationsMixin, admin.ModelAdmin):  # type: i
     # run's own columns from a query string (a regex over tenants, a probe into
     # inputs); only these are let through.
     allowed_lookups = frozenset(
-        {"status", "status__exact", "created_at__gte", "created_at__lt"}
+        {"status", "status__exact", "created_at__gte", "created_at__lt", "parent"}
         | {f.parameter_name for f in (PoolFilter, JobTypeFilter, TenantFilter)}
     )
 
@@ -211,10 +218,17 @@ class JobRunAdmin(PoolsPageMixin, OperationsMixin, admin.ModelAdmin):  # type: i
 
     def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
         queryset = self.get_queryset(request).select_related("parent", "root", "claimed_by")
-        try:
-            return queryset.get(pk=int(object_id))
-        except (ValueError, JobRun.DoesNotExist):
+        if not (object_id.isascii() and object_id.isdigit() and len(object_id) <= 18):
             return None
+        try:
+            run = queryset.get(pk=int(object_id))
+        except JobRun.DoesNotExist:
+            return None
+        # Which page of the step timeline to show: the field's method sees only the run.
+        page = request.GET.get("steps", "1")
+        number = int(page) if page.isascii() and page.isdigit() and len(page) < 9 else 1
+        run.steps_page = number  # type: ignore[attr-defined]
+        return run
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[JobRun], search_term: str
@@ -253,57 +267,126 @@ class JobRunAdmin(PoolsPageMixin, OperationsMixin, admin.ModelAdmin):  # type: i
 
     @admin.display(description="input")
     def input_pretty(self, run: JobRun) -> SafeString:
-        return display.pretty_json(run.input)
+        return display.pretty_json(run.input, whole=self.payload_url(run.pk, "input"))
 
     @admin.display(description="output")
     def output_pretty(self, run: JobRun) -> SafeString | str:
-        return EMPTY if run.output is None else display.pretty_json(run.output)
+        if run.output is None:
+            return EMPTY
+        return display.pretty_json(run.output, whole=self.payload_url(run.pk, "output"))
 
     @admin.display(description="error")
     def error_summary(self, run: JobRun) -> SafeString | str:
-        if not run.error:
+        if not isinstance(run.error, dict) or not run.error:
             return EMPTY
+        message = run.error.get("message", "")
+        message = message if isinstance(message, str) else ""
+        note = ""
+        if len(message) > display.SHOWN:  # stored before messages were capped
+            note = display.truncated(
+                len(message), self.payload_url(run.pk, "error"), unit="characters"
+            )
+            message = message[: display.SHOWN]
         return format_html(
-            "<strong>{}</strong>: {} <small>(attempt {})</small>",
-            run.error.get("type", ""),
-            run.error.get("message", ""),
-            run.error.get("attempt", "?"),
+            "<strong>{}</strong>: {} <small>(attempt {})</small>{}",
+            str(run.error.get("type", ""))[:1000],
+            message,
+            str(run.error.get("attempt", "?"))[:20],
+            note,
         )
 
     @admin.display(description="traceback")
     def traceback(self, run: JobRun) -> SafeString | str:
-        text = (run.error or {}).get("traceback")
-        return display.preformatted(text) if text else EMPTY
+        text = run.error.get("traceback") if isinstance(run.error, dict) else None
+        if not text or not isinstance(text, str):
+            return EMPTY
+        return display.preformatted(text, whole=self.payload_url(run.pk, "error"))
 
     @admin.display(description="steps")
     def step_timeline(self, run: JobRun) -> SafeString | str:
-        steps = list(
-            JobStep.objects.using(conf.get().DATABASE).filter(run_id=run.pk).order_by("seq", "id")
-        )
-        if not steps:
+        steps = JobStep.objects.using(conf.get().DATABASE).filter(run_id=run.pk)
+        total = steps.count()
+        if not total:
             return EMPTY
+        pages = (total + STEPS_SHOWN - 1) // STEPS_SHOWN
+        page = min(max(getattr(run, "steps_page", 1), 1), pages)
+        start = (page - 1) * STEPS_SHOWN
+        # Only what the table shows leaves the database: a preview of each
+        # output or error and its length, never the whole value.
+        shown = list(
+            steps.order_by("seq", "id")
+            .annotate(
+                payload=Coalesce(Cast("error", TextField()), Cast("output", TextField())),
+            )
+            .annotate(preview=Left("payload", STEP_PREVIEW), size=Length("payload"))
+            .values_list(
+                "pk",
+                "seq",
+                "step_id",
+                "status",
+                "attempts",
+                "started_at",
+                "finished_at",
+                "preview",
+                "size",
+            )[start : start + STEPS_SHOWN]
+        )
         rows = format_html_join(
             "",
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             (
                 (
-                    step.seq,
-                    step.step_id,
-                    display.badge(step.status),
-                    step.attempts,
-                    display.duration(step.started_at, step.finished_at),
-                    display.pretty_json(
-                        step.output if step.error is None else step.error, limit=300
-                    ),
+                    seq,
+                    step_id,
+                    display.badge(status),
+                    attempts,
+                    display.duration(started, finished),
+                    self._step_preview(run.pk, pk, status, preview, size),
                 )
-                for step in steps
+                for pk, seq, step_id, status, attempts, started, finished, preview, size in shown
             ),
         )
         return format_html(
             '<table class="dj-steps"><thead><tr><th>#</th><th>step</th><th>status</th>'
             "<th>attempts</th><th>duration</th><th>output / error</th></tr></thead>"
-            "<tbody>{}</tbody></table>",
+            "<tbody>{}</tbody></table>{}",
             rows,
+            self._step_pages(run.pk, page, pages, start, len(shown), total),
+        )
+
+    def _step_preview(
+        self, run_id: int, step: int, status: str, preview: str | None, size: int | None
+    ) -> SafeString | str:
+        if preview is None:
+            return EMPTY
+        if size is None or size <= STEP_PREVIEW:
+            return format_html('<code class="dj-json">{}</code>', preview)
+        field = "error" if status == JobStep.StepStatus.FAILED else "output"
+        return format_html(
+            '<code class="dj-json">{} …</code> <a href="{}">whole {} ({} characters)</a>',
+            preview,
+            self.payload_url(run_id, field, step),
+            field,
+            f"{size:,}",
+        )
+
+    def _step_pages(
+        self, run_id: int, page: int, pages: int, start: int, count: int, total: int
+    ) -> SafeString | str:
+        if pages == 1:
+            return ""
+        url = reverse(f"{self.admin_site.name}:django_jobs_jobrun_change", args=[run_id])
+        links = [
+            format_html('<a href="{}?steps={}">{} steps</a>', url, number, label)
+            for number, label in ((page - 1, "earlier"), (page + 1, "later"))
+            if 1 <= number <= pages
+        ]
+        return format_html(
+            '<p class="dj-step-pages">steps {} to {} of {} {}</p>',
+            f"{start + 1:,}",
+            f"{start + count:,}",
+            f"{total:,}",
+            format_html_join(" ", "{}", ((link,) for link in links)),
         )
 
     @admin.display(description="parent")
@@ -329,7 +412,13 @@ class JobRunAdmin(PoolsPageMixin, OperationsMixin, admin.ModelAdmin):  # type: i
         )
         more = ""
         if len(children) > CHILDREN_SHOWN:
-            more = format_html("<li>{}</li>", f"and more (the first {CHILDREN_SHOWN} are shown)")
+            url = reverse(f"{self.admin_site.name}:django_jobs_jobrun_changelist")
+            more = format_html(
+                '<li>the first {} are shown: <a href="{}?parent={}">all of them</a></li>',
+                CHILDREN_SHOWN,
+                url,
+                run.pk,
+            )
         return format_html('<ul style="margin:0;padding-left:1em">{}{}</ul>', items, more)
 
     @admin.display(description="trigger")
@@ -345,8 +434,6 @@ class JobRunAdmin(PoolsPageMixin, OperationsMixin, admin.ModelAdmin):  # type: i
         worker = run.claimed_by
         if worker is None:
             return EMPTY
-        from django.urls import reverse
-
         url = reverse("admin:django_jobs_worker_change", args=[worker.pk])
         return format_html('<a href="{}">{}</a> ({})', url, str(worker), worker.status)
 

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
 from django.test import Client
 
-from django_jobs import start
+from django_jobs import cancel, start
+from django_jobs.admin import display
 from django_jobs.exceptions import InvalidJobInput, RunNotFound
-from django_jobs.models import JobRun
+from django_jobs.execution import MAX_ERROR_MESSAGE, MAX_TRACEBACK
+from django_jobs.models import JobRun, JobStep
 from django_jobs.payloads import MAX_DEPTH
+from django_jobs.testing import drain
 
 pytestmark = pytest.mark.django_db
 
@@ -134,9 +138,8 @@ def test_a_forged_job_type_imports_nothing_outside_the_projects_tasks(job_type: 
 
 @pytest.mark.django_db(transaction=True)
 def test_a_task_of_an_installed_app_still_runs_from_its_path() -> None:
-    from django_jobs.testing import drain
-
     from django_jobs.registry import _resolved
+    from django_jobs.testing import drain
     from tests.testapp.tasks import add
 
     result = add.enqueue(2, 3)
@@ -144,3 +147,185 @@ def test_a_task_of_an_installed_app_still_runs_from_its_path() -> None:
     drain()
     run = JobRun.objects.get(pk=int(result.id))
     assert (run.job_type, run.status, run.output) == ("tests.testapp.tasks.add", "completed", 5)
+
+
+# --- finding 2: attacker-sized data ------------------------------------------------------
+
+# What one run page may weigh, whatever its run holds. Before the caps a 1 MB input
+# rendered as a 405 MB page and 20,000 steps as a 12 MB one.
+PAGE_BUDGET = 1_000_000
+
+
+def deep_input() -> Any:
+    """Almost MAX_INPUT_BYTES of lists nested near MAX_DEPTH: the worst to indent."""
+    one = nested(MAX_DEPTH - 10)
+    return {"x": [one] * 2_600}
+
+
+def page(client: Client, url: str) -> str:
+    response = client.get(url)
+    assert response.status_code == 200, url
+    assert len(response.content) < PAGE_BUDGET, (url, len(response.content))
+    return response.content.decode()
+
+
+def test_a_large_deep_input_renders_cut_with_the_whole_a_download_away(
+    admin_client: Client,
+) -> None:
+    value = deep_input()
+    run = start("tests.noop", value)
+    html = page(admin_client, f"/admin/django_jobs/jobrun/{run.pk}/change/")
+    assert f"truncated, {display.stored_size(value):,} bytes" in html
+    url = f"/admin/django_jobs/jobrun/{run.pk}/payload/input/"
+    assert f'href="{url}"' in html
+    response = admin_client.get(url)
+    assert response.status_code == 200
+    assert response["Content-Disposition"] == f'attachment; filename="run-{run.pk}-input.json"'
+    assert json.loads(response.content) == value
+    assert len(response.content) < 1_100_000  # compact, not indented
+
+
+def test_a_small_payload_renders_whole() -> None:
+    assert "truncated" not in display.pretty_json({"a": [1, 2, 3]}, whole="/x")
+
+
+def test_the_step_timeline_loads_and_shows_one_page_of_steps(admin_client: Client) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    run = start("tests.noop", {})
+    big = {"blob": "y" * 2_000}
+    JobStep.objects.bulk_create(
+        JobStep(run=run, step_id=f"s{n}", seq=n, status="completed", output=big)
+        for n in range(20_000)
+    )
+    url = f"/admin/django_jobs/jobrun/{run.pk}/change/"
+    with CaptureQueriesContext(connection) as queries:
+        html = page(admin_client, url)
+    assert "steps 1 to 50 of 20,000" in html
+    assert ">s49<" in html
+    assert ">s50<" not in html
+    assert f'href="{url}?steps=2"' in html
+    step_queries = [q["sql"] for q in queries if "django_jobs_jobstep" in q["sql"]]
+    # The whole output never leaves the database, only its first characters.
+    assert not any('"django_jobs_jobstep"."output",' in sql for sql in step_queries)
+
+    html = page(admin_client, f"{url}?steps=400")
+    assert "steps 19,951 to 20,000 of 20,000" in html
+    assert ">s19999<" in html
+    assert "later steps" not in html
+    assert "steps 19,951" in page(admin_client, f"{url}?steps=999999")  # the last page
+    assert "steps 1 to 50" in page(admin_client, f"{url}?steps=x")
+
+    step = JobStep.objects.get(run=run, step_id="s19999")
+    assert f"/admin/django_jobs/jobrun/{run.pk}/steps/{step.pk}/output/" in html
+    whole = admin_client.get(f"/admin/django_jobs/jobrun/{run.pk}/steps/{step.pk}/output/")
+    assert whole.status_code == 200
+    assert json.loads(whole.content) == big
+
+
+def test_a_step_preview_links_to_its_whole_value(admin_client: Client) -> None:
+    run = start("tests.noop", {})
+    long = JobStep.objects.create(
+        run=run, step_id="long", seq=0, status="completed", output="z" * 5_000
+    )
+    short = JobStep.objects.create(
+        run=run, step_id="short", seq=1, status="failed", error={"m": "e"}
+    )
+    html = page(admin_client, f"/admin/django_jobs/jobrun/{run.pk}/change/")
+    assert f"/admin/django_jobs/jobrun/{run.pk}/steps/{long.pk}/output/" in html
+    assert "5,002 characters" in html
+    assert f"/steps/{short.pk}/" not in html  # shown whole
+    assert "&quot;m&quot;: &quot;e&quot;" in html
+
+
+def test_a_huge_error_message_is_cut_when_stored() -> None:
+    run = start("tests.loud_failure", {"size": 5_000_000})
+    drain()
+    run.refresh_from_db()
+    assert run.status == "failed"
+    message, trace = run.error["message"], run.error["traceback"]
+    assert len(message) < MAX_ERROR_MESSAGE + 100
+    assert "characters cut" in message
+    assert len(trace) < MAX_TRACEBACK + 100
+    assert "characters cut" in trace
+    assert trace.rstrip().endswith("x")  # the end of a traceback is kept: its last line
+
+
+def test_a_huge_stored_error_renders_cut(admin_client: Client) -> None:
+    """A row stored before the cap (or written by hand) still renders within budget."""
+    run = start("tests.noop", {})
+    error = {
+        "type": "builtins.ValueError",
+        "message": "m" * 5_000_000,
+        "traceback": "t" * 5_000_000,
+    }
+    JobRun.objects.filter(pk=run.pk).update(status="failed", error=error)
+    html = page(admin_client, f"/admin/django_jobs/jobrun/{run.pk}/change/")
+    assert html.count(f'href="/admin/django_jobs/jobrun/{run.pk}/payload/error/"') == 2
+    assert "truncated, 5,000,000 characters" in html
+    assert "truncated, 5,000,000 bytes" in html
+    assert (
+        json.loads(admin_client.get(f"/admin/django_jobs/jobrun/{run.pk}/payload/error/").content)
+        == error
+    )
+
+
+def test_many_children_link_to_the_filtered_run_list(admin_client: Client) -> None:
+    parent = start("tests.noop", {})
+    JobRun.objects.bulk_create(
+        JobRun(job_type="tests.noop", pool="default", input={}, parent=parent, root=parent)
+        for _ in range(120)
+    )
+    start("tests.noop", {})  # not a child
+    html = page(admin_client, f"/admin/django_jobs/jobrun/{parent.pk}/change/")
+    assert f'href="/admin/django_jobs/jobrun/?parent={parent.pk}"' in html
+    listing = page(admin_client, f"/admin/django_jobs/jobrun/?parent={parent.pk}")
+    assert "120 results" in listing or "120 job runs" in listing
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["payload/input/", "payload/error/", "steps/1/output/"],
+)
+def test_downloads_need_the_permission_to_view_runs(path: str) -> None:
+    run = start("tests.noop", {"secret": 1})
+    url = f"/admin/django_jobs/jobrun/{run.pk}/{path}"
+    anonymous = Client().get(url)
+    assert anonymous.status_code == 302
+    assert "/login/" in anonymous["Location"]
+    staff = User.objects.create_user("staff", password="pw", is_staff=True)
+    client = Client()
+    client.force_login(staff)
+    assert client.get(url).status_code == 403
+    staff.user_permissions.add(Permission.objects.get(codename="view_jobrun"))
+    client.force_login(User.objects.get(pk=staff.pk))
+    assert client.get(url).status_code in (200, 404)  # no step 1 of this run: 404
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "payload/lease_token/",
+        "payload/__class__/",
+        "steps/1/input/",
+        "steps/99999999999999999999/output/",
+    ],
+)
+def test_downloads_serve_only_payloads(admin_client: Client, path: str) -> None:
+    run = start("tests.noop", {})
+    assert admin_client.get(f"/admin/django_jobs/jobrun/{run.pk}/{path}").status_code == 404
+    for run_id in ("x", "99999999999999999999", str(run.pk + 1000)):
+        url = f"/admin/django_jobs/jobrun/{run_id}/payload/input/"
+        assert admin_client.get(url).status_code == 404
+
+
+def test_tags_and_cancel_reasons_are_bounded() -> None:
+    with pytest.raises(InvalidJobInput, match="at most 50 tags"):
+        start("tests.noop", {}, tags=[f"t{n}" for n in range(51)])
+    run = start("tests.noop", {}, tags=[f"t{n}" for n in range(50)])
+    with pytest.raises(InvalidJobInput, match="reason is longer than 1000"):
+        cancel(run.pk, reason="r" * 1001)
+    run.refresh_from_db()
+    assert run.status == "pending"
+    assert cancel(run.pk, reason="r" * 1000) == 1

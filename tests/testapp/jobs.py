@@ -278,3 +278,9 @@ def progress_held(ctx: JobContext) -> int:
     if ctx.input.get("fail"):
         raise RuntimeError("failed after reporting progress")
     return 2
+
+
+@job("tests.loud_failure")
+def loud_failure(ctx: JobContext) -> None:
+    """Fails with a message of ``input["size"]`` characters, as a careless handler might."""
+    raise ValueError("x" * ctx.input["size"])
