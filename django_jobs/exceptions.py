@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from django.core.exceptions import SynchronousOnlyOperation
+
+E = TypeVar("E", bound=BaseException)
 
 
 class JobsError(Exception):
@@ -77,13 +81,24 @@ class ExecutionError(JobsError):
     """django_jobs itself could not execute or record a run (stored, never raised)."""
 
 
-class InvalidReturnValue(InvalidJobInput, TypeError):
-    """A ``django.tasks`` task returned a value that is not JSON (never retried)."""
-
-
 class SyncOnlyCall(JobsError, SynchronousOnlyOperation):
     """A synchronous function (``start()``, ``start_many()``) was called from async code.
 
     A ``SynchronousOnlyOperation``, as Django's own refusal is; the message
     names ``sync_to_async``.
     """
+
+
+def never_retried(error: E) -> E:
+    """Mark ``error`` to fail its run whatever the retry policy says; return it.
+
+    For an error whose type must stay what it is (a task's ``TypeError`` from
+    ``normalize_json``, as Django's own backends record it) yet which running
+    again cannot cure.
+    """
+    error.django_jobs_never_retried = True  # type: ignore[attr-defined]
+    return error
+
+
+def is_never_retried(error: BaseException) -> bool:
+    return getattr(error, "django_jobs_never_retried", False) is True

@@ -24,11 +24,11 @@ from .claims import Claim
 from .context import JobContext, LeaseLost, Suspended
 from .exceptions import (
     InvalidJobInput,
-    InvalidReturnValue,
     InvalidStepOutput,
     JobCanceled,
     JobTimeout,
     UnknownJobType,
+    is_never_retried,
 )
 from .models import JobRun, Status
 from .payloads import normalize
@@ -255,7 +255,7 @@ def _run_handler(
             return timeout_write(handler, claim)
         if isinstance(exc, JobCanceled):
             return cancel_write(claim, str(exc) or "the handler raised JobCanceled")
-        if isinstance(exc, InvalidStepOutput | InvalidReturnValue):
+        if isinstance(exc, InvalidStepOutput) or is_never_retried(exc):
             return _not_retryable(claim, exc)
         return error_write(handler, claim, exc)
     if not ctx.own_outcome():

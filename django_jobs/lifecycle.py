@@ -145,6 +145,21 @@ def _announce_canceled(rows: list[tuple[int, str, int]]) -> None:
         announce(run_canceled, run_id, job_type, attempts, ended=True)
 
 
+def _ended_handling(error: BaseException, job_type: str, run_id: int) -> None:
+    """Call ``on_end`` while ``error`` is being handled, as where it was raised.
+
+    Django's ``task_finished`` logger takes the traceback from
+    ``sys.exc_info()``, as its own backends send the signal in their ``except``
+    block; this one runs after the commit, so the error is raised again here.
+    """
+    traceback = error.__traceback__
+    try:
+        raise error
+    except BaseException:
+        error.__traceback__ = traceback  # without this frame
+        run_ended(job_type, run_id)
+
+
 def announce(
     signal: Signal, run_id: int, job_type: str, attempt: int, *, ended: bool, **extra: Any
 ) -> None:
@@ -154,7 +169,10 @@ def announce(
     that it sees the ended run before any receiver (which may retry it).
     ``extra`` are further keyword arguments of the signal (``exception``).
     """
-    if ended:
+    error = extra.get("exception")
+    if ended and isinstance(error, BaseException):
+        _ended_handling(error, job_type, run_id)
+    elif ended:
         run_ended(job_type, run_id)
     for receiver, result in signal.send_robust(
         JobRun, run_id=run_id, job_type=job_type, attempt=attempt, **extra

@@ -185,7 +185,12 @@ def get_handler(job_type: str, *, resolve: bool = False) -> JobHandler:
         handler = _resolve(job_type)
         if handler is not None:
             return handler
-    hint = " (or, for a django.tasks @task, check that its module imports)" if resolve else ""
+    hint = (
+        " (or, for a django.tasks @task, check that its module imports and belongs to an "
+        "installed app)"
+        if resolve
+        else ""
+    )
     raise UnknownJobType(
         f"no job is registered as {job_type!r}; define it with @job({job_type!r}) "
         f"in the jobs.py of an installed app{hint}"

@@ -12,6 +12,7 @@ and runs it like any job: attempts, leases, rescue, timeouts, cancellation.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -25,7 +26,7 @@ from django.utils.module_loading import import_string
 
 from . import api, conf
 from .backoff import NO_RETRY, RetryPolicy
-from .exceptions import InvalidJobInput, InvalidReturnValue
+from .exceptions import InvalidJobInput, never_retried
 from .models import TERMINAL_STATUSES, JobRun, Status
 from .payloads import normalize
 from .pools import pool_problem
@@ -269,9 +270,10 @@ def handler_for(task: AnyTask) -> JobHandler:
         try:
             return normalize_json(value)
         except (TypeError, ValueError) as exc:
-            raise InvalidReturnValue(
-                f"{job_type} returned a value that is not JSON: {exc}"
-            ) from exc
+            # The error normalize_json raised, as Django's own backends record
+            # it; never retried, since running the task again returns the same.
+            never_retried(exc)
+            raise
 
     return JobHandler(
         job_type=job_type,
@@ -313,17 +315,20 @@ def resolve_task(job_type: str) -> JobHandler | None:
     A worker imports the task's module the first time it meets one of its runs,
     as Django's own task pickling does. The path comes from a row, so it is
     checked before anything is imported: ``TASKS`` must use a JobsBackend, and
-    the module must belong to an installed app (a forged ``this.s`` imports
-    nothing). After the import, the path must name a ``Task`` by its own path.
+    the module must belong to an installed app or be imported already (a
+    forged ``this.s`` imports nothing). After the import, the path must name a
+    ``Task`` by its own path.
     """
-    if "." not in job_type or not _configured() or not _in_installed_app(job_type):
+    if "." not in job_type or not _configured():
+        return None
+    module = job_type.rpartition(".")[0]
+    if module not in sys.modules and not _in_installed_app(module):
         return None
     task = _import_task(job_type)
     return None if task is None else handler_for(task)
 
 
-def _in_installed_app(path: str) -> bool:
-    module = path.rpartition(".")[0]
+def _in_installed_app(module: str) -> bool:
     return any(
         module == config.name or module.startswith(config.name + ".")
         for config in apps.get_app_configs()

@@ -5,10 +5,13 @@ Runs on Django 6 (django.tasks) and on Django 5.2 with the django-tasks backport
 
 from __future__ import annotations
 
+import logging
+import traceback
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
+import django
 import pytest
 from asgiref.sync import async_to_sync
 from django.db import transaction
@@ -16,7 +19,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from django_jobs import RetryPolicy, cancel, claims, retry, start
-from django_jobs.exceptions import InvalidReturnValue, JobCanceled, JobTimeout, WorkerLost
+from django_jobs.exceptions import JobCanceled, JobTimeout, WorkerLost
 from django_jobs.execution import execute
 from django_jobs.models import JobRun, Status, Worker
 from django_jobs.signals import run_failed
@@ -155,8 +158,22 @@ def test_a_value_that_is_not_json_fails_without_retries() -> None:
     result = finished(tasks.bad_return.enqueue())
     assert result.status == TaskResultStatus.FAILED
     assert result.attempts == 1  # its policy allows 5
-    assert result.errors[0].exception_class is InvalidReturnValue
+    assert result.errors[0].exception_class is TypeError  # as Django's own backends say
     assert "Unsupported type" in result.errors[0].traceback
+
+
+def test_the_task_finished_log_line_carries_the_exception(caplog: Any) -> None:
+    """Django's receiver logs sys.exc_info(): the signal is sent while the error is handled."""
+    name = "django.tasks" if django.VERSION >= (6, 0) else "django_tasks"  # the backport's
+    with caplog.at_level(logging.ERROR, logger=name):
+        result = finished(tasks.flaky.enqueue(succeed_on=9))
+    [line] = [r for r in caplog.records if r.name == name]
+    assert result.id in line.getMessage()
+    assert line.exc_info is not None
+    assert "attempt 3 failed" in str(line.exc_info[1])
+    frames = "".join(traceback.format_tb(line.exc_info[2]))
+    assert "in flaky" in frames
+    assert "_ended_handling" not in frames  # the raise that set exc_info is not shown
 
 
 def test_return_values_are_normalised_as_django_does() -> None:
