@@ -17,6 +17,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,7 @@ from django.db import InterfaceError, OperationalError, connections
 
 from . import conf
 from .claims import Claim
+from .control import ControlConnection
 from .models import JobRun, Status
 from .sql import fetch
 
@@ -60,6 +62,7 @@ class Completer:
         self,
         after_write: Callable[[], None] | None = None,
         stop: threading.Event | None = None,
+        control: ControlConnection | None = None,
     ) -> None:
         self._items: list[_Pending] = []
         self._lock = threading.Condition()
@@ -67,7 +70,12 @@ class Completer:
         self._after_write = after_write
         # Set when handed-off completions that cannot be written should be given up.
         self._stop = stop or threading.Event()
+        # A worker's shared control connection, taken for each batch; without
+        # one, the completer's thread has a connection of its own.
+        self._control = control
         self._failures = 0  # consecutive batches lost to a broken connection
+        self._held: list[_Pending] = []  # handed-off completions to try again
+        self._pause = 0.0  # seconds to wait before trying them
         self._writing = 0  # completions taken from the list and not yet written
         self.writes = 0  # batches written so far
         self._thread = threading.Thread(
@@ -122,6 +130,8 @@ class Completer:
         return True
 
     def _loop(self) -> None:
+        if self._control is not None:
+            self._control.adopt()
         try:
             while True:
                 with self._lock:
@@ -132,19 +142,25 @@ class Completer:
                     batch, self._items = self._items[:MAX_BATCH], self._items[MAX_BATCH:]
                     self._writing = len(batch)
                 try:
-                    self._flush(batch)
+                    with self._control or nullcontext():
+                        self._flush(batch)
                 except Exception as exc:
                     # A bug of ours: keep writing (a completer that stopped would
                     # leave runs running on a live worker for good).
                     logger.exception("completer failed on a batch of %d", len(batch))
                     self._give_back(batch, exc)
+                if self._held:
+                    self._wait_to_retry()
                 with self._lock:
                     self._writing = 0
                     self.writes += 1
                 if self._after_write is not None:
                     self._after_write()
         finally:
-            connections.close_all()
+            if self._control is not None:
+                self._control.leave()
+            else:
+                connections.close_all()
 
     def _flush(self, batch: list[_Pending]) -> None:
         from .execution import discard_broken_connections
@@ -188,16 +204,23 @@ class Completer:
             type(exc).__name__,
             pause,
         )
-        if self._stop.wait(pause):
+        # Tried again after the pause, which the loop waits out without holding
+        # the control connection.
+        self._held.extend(items)
+        self._pause = pause
+
+    def _wait_to_retry(self) -> None:
+        held, self._held = self._held, []
+        if self._stop.wait(self._pause):
             # The worker stops hard: these runs stay running under their lease
             # and are rescued (run again) once this worker's heartbeat is stale.
             logger.error(
                 "completions of runs %s not written before the worker stopped",
-                ",".join(str(item.claim.run_id) for item in items),
+                ",".join(str(item.claim.run_id) for item in held),
             )
             return
         with self._lock:
-            self._items[:0] = items
+            self._items[:0] = held
 
     def _flush_one(self, item: _Pending) -> None:
         from .execution import discard_broken_connections

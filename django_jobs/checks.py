@@ -119,6 +119,13 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage
     ]
 
 
+def pool_size(alias: str) -> int | None:
+    """The most connections Django's connection pool for ``alias`` lends at once
+    (``OPTIONS["pool"]``, PostgreSQL on Django 5.1+), or None without a pool."""
+    pool = getattr(connections[alias], "pool", None)
+    return None if pool is None else int(pool.max_size)
+
+
 def connection_limit(alias: str) -> int | None:
     """The connections the jobs database's server accepts (PostgreSQL), else None."""
     connection = connections[alias]

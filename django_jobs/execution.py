@@ -19,7 +19,7 @@ from django.db.models.functions import Now
 from django.dispatch import Signal
 from django.utils import timezone
 
-from . import claims, conf, lifecycle, signals, tracing
+from . import claims, conf, control, lifecycle, signals, tracing
 from .claims import Claim
 from .context import JobContext, LeaseLost, Suspended
 from .exceptions import (
@@ -423,10 +423,11 @@ def settle(claim: Claim, write: Write, stop: threading.Event | None) -> Outcome:
         else:
             _signal(claim, outcome, write)
             return outcome
-        if stop is not None and stop.wait(delay):
-            return Outcome.LOST
-        if stop is None:
-            time.sleep(delay)
+        with control.released():  # a worker's other control threads go on meanwhile
+            if stop is not None and stop.wait(delay):
+                return Outcome.LOST
+            if stop is None:
+                time.sleep(delay)
         delay = min(delay * 2, 5.0)
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -38,6 +39,7 @@ from django.utils import timezone
 
 from . import conf
 from .api import start_handler
+from .control import ControlConnection
 from .execution import discard_broken_connections
 from .models import JobRun, JobSchedule
 from .registry import get_handler
@@ -215,27 +217,37 @@ class Scheduler:
         stop: threading.Event,
         *,
         clock: Callable[[], datetime] = timezone.now,
+        control: ControlConnection | None = None,
     ) -> None:
         self.entries = entries(None if pools is None else list(pools))
         self.stop = stop
         self.clock = clock
         self.due: dict[str, datetime] | None = None  # next tick by schedule; None: not synced
         self.failures = 0
+        # A worker's shared control connection, taken for each pass; without
+        # one, the scheduler's thread has a connection of its own.
+        self.control = control
 
     def run(self) -> None:
         """Fire due schedules until ``stop`` is set (the thread's target)."""
         names = ",".join(entry.name for entry in self.entries)
         logger.info("scheduler started schedules=%s", names)
+        if self.control is not None:
+            self.control.adopt()
         try:
             while not self.stop.is_set():
                 try:
-                    wait = self.step()
+                    with self.control or nullcontext():
+                        wait = self.step()
                 except Exception:
                     logger.exception("scheduler failed; retrying in %ds", ERROR_RETRY.seconds)
                     wait = ERROR_RETRY.total_seconds()
                 self.stop.wait(wait)
         finally:
-            connections.close_all()
+            if self.control is not None:
+                self.control.leave()
+            else:
+                connections.close_all()
 
     def step(self) -> float:
         """Sync (the first time) and fire what is due; return seconds until the next tick."""

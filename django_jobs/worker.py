@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from types import FrameType
 from typing import Any, TypeVar
 
@@ -24,6 +25,7 @@ from . import claims, conf, lifecycle, watchman
 from .batching import Completer
 from .claims import Claim
 from .context import JobContext
+from .control import ControlConnection
 from .exceptions import UnknownJobType
 from .execution import (
     Outcome,
@@ -94,22 +96,32 @@ class Worker:
         self._queue: queue.SimpleQueue[JobContext | None] = queue.SimpleQueue()
         self.claimed = 0
         self.finished = 0
+        # Created by run(): the connection the control threads share.
+        self._control: ControlConnection | None = None
 
     # --- lifecycle ----------------------------------------------------------------
 
     def run(self) -> int:
         """Work until told to stop (or, in burst mode, until nothing is due)."""
-        self._register()
+        # This thread's connection, shared by the control threads (see control.py).
+        # Row locks are waited for briefly on it, so that the heartbeat never waits long.
+        control = self._control = ControlConnection(
+            conf.get().DATABASE, lock_wait=min(1.0, self.heartbeat_interval / 2)
+        )
+        with control:
+            self._register()
         try:
             self._start_watchman()
-            self._completer = Completer(after_write=self._written, stop=self.hard_stop)
+            self._completer = Completer(
+                after_write=self._written, stop=self.hard_stop, control=control
+            )
             threads = [
                 self._start(self._run_slot, f"django-jobs-slot-{i}")
                 for i in range(self.concurrency)
             ]
             listener = None
             if Listener.enabled():
-                listener = Listener(self.pools, self._wake.set, self.hard_stop)
+                listener = Listener(self.pools, self._wake.set, self.hard_stop, control)
                 listener.start()
             beat = self._start(self._heartbeat_loop, "django-jobs-heartbeat")
             watchdog = self._start(self._watchdog_loop, "django-jobs-watchdog")
@@ -141,6 +153,7 @@ class Worker:
                 listener.join(timeout=5)
             self._completer.close()
             self._quietly(claims.stop_worker, self.worker_id)
+            control.release()
             connections.close_all()
         logger.info(
             "worker=%s stopped claimed=%d finished=%d exit=%d",
@@ -164,6 +177,8 @@ class Worker:
         if self._watchman is not None:
             self._watchman.stop()
         self._quietly(claims.stop_worker, self.worker_id)
+        if self._control is not None:
+            self._control.release()
         logger.error("worker=%s could not start; marked stopped", self.worker_id)
 
     def _register(self) -> None:
@@ -208,7 +223,7 @@ class Worker:
         """Start the scheduler thread if asked and this worker's pools have schedules."""
         if not self.scheduler:
             return None
-        scheduler = Scheduler(self.pools, self.stopping)
+        scheduler = Scheduler(self.pools, self.stopping, control=self._control)
         if not scheduler.entries:
             return None
         return self._start(scheduler.run, "django-jobs-scheduler")
@@ -248,12 +263,17 @@ class Worker:
             # Completions written after this point may free keys this claim missed.
             writes = self._completer.writes
             try:
-                batch = claims.claim_batch(
-                    self.worker_id,  # type: ignore[arg-type]
-                    self.pools,
-                    free,
-                    plan=plan,
-                )
+                with self._shared():
+                    try:
+                        batch = claims.claim_batch(
+                            self.worker_id,  # type: ignore[arg-type]
+                            self.pools,
+                            free,
+                            plan=plan,
+                        )
+                    except DatabaseError:
+                        discard_broken_connections()
+                        raise
                 failures = 0
             except DatabaseError as exc:
                 failures += 1
@@ -261,7 +281,6 @@ class Worker:
                 logger.warning(
                     "worker=%s claim failed (%s); retrying in %.1fs", self.worker_id, exc, pause
                 )
-                discard_broken_connections()
                 self.stopping.wait(pause)
                 continue
             self._dispatch(batch)
@@ -348,7 +367,9 @@ class Worker:
 
     def _heartbeat_loop(self) -> None:
         """Record liveness, and nothing else: on its own thread and connection, so
-        no lock wait of the watchdog's can delay it and get this worker taken for dead."""
+        no slow sweep of the watchdog's can delay it and get this worker taken for dead.
+        Its connection is the shared control connection: each beat takes it briefly."""
+        self._adopt()
         while True:
             self._pulse()
             status = WorkerStatus.STOPPING if self.stopping.is_set() else WorkerStatus.RUNNING
@@ -359,11 +380,12 @@ class Worker:
                 self._quietly(self._register)
             if self.hard_stop.wait(self.heartbeat_interval):
                 break
-        connections.close_all()
+        self._leave()
 
     def _watchdog_loop(self) -> None:
         """Every tick: enforce timeouts and cancel grace, wake sleepers; every
         heartbeat interval also: rescue stale workers' runs, poll cancel requests."""
+        self._adopt()
         next_sweep = 0.0
         while True:
             if time.monotonic() >= next_sweep:
@@ -375,7 +397,7 @@ class Worker:
                 self._wake.set()
             if self.hard_stop.wait(self.tick):
                 break
-        connections.close_all()
+        self._leave()
 
     def _rescue(self) -> None:
         requeued, failed = claims.rescue_stale(self.pools, self.stale_threshold)
@@ -450,6 +472,20 @@ class Worker:
 
     # --- helpers ------------------------------------------------------------------
 
+    def _shared(self) -> AbstractContextManager[object]:
+        """The control connection, held for one operation (see control.py)."""
+        return self._control if self._control is not None else nullcontext()
+
+    def _adopt(self) -> None:
+        if self._control is not None:
+            self._control.adopt()
+
+    def _leave(self) -> None:
+        if self._control is not None:
+            self._control.leave()
+        else:
+            connections.close_all()
+
     @staticmethod
     def _start(target: object, name: str) -> threading.Thread:
         thread = threading.Thread(target=target, name=name, daemon=True)  # type: ignore[arg-type]
@@ -457,13 +493,15 @@ class Worker:
         return thread
 
     def _quietly(self, fn: Callable[..., T], *args: Any) -> T | None:
-        """Call ``fn(*args)``; log a database error instead of raising (the loop goes on)."""
-        try:
-            return fn(*args)
-        except DatabaseError as exc:
-            logger.warning("worker=%s database error: %s", self.worker_id, exc)
-            discard_broken_connections()
-            return None
+        """Call ``fn(*args)`` on the control connection; log a database error
+        instead of raising (the loop goes on)."""
+        with self._shared():
+            try:
+                return fn(*args)
+            except DatabaseError as exc:
+                logger.warning("worker=%s database error: %s", self.worker_id, exc)
+                discard_broken_connections()
+                return None
 
 
 def _timeout_of(claim: Claim) -> float | None:

@@ -38,6 +38,9 @@ _db["TEST"] = {"NAME": os.environ.get("DJANGO_JOBS_TEST_DB", f"test_django_jobs_
 # the pytest process created; it tells them its name through this variable.
 if os.environ.get("DJANGO_JOBS_USE_DB"):
     _db["NAME"] = os.environ["DJANGO_JOBS_USE_DB"]
+# A name for this process's sessions in pg_stat_activity (the connection count test).
+if os.environ.get("DJANGO_JOBS_APPLICATION_NAME"):
+    _db.setdefault("OPTIONS", {})["application_name"] = os.environ["DJANGO_JOBS_APPLICATION_NAME"]
 DATABASES = {
     "default": _db,
     # Only for the system check that warns about SQLite; no test writes to it.
@@ -50,6 +53,8 @@ DJANGO_JOBS = {
     "STALE_THRESHOLD": float(os.environ.get("DJANGO_JOBS_STALE_THRESHOLD", "3")),
     "SHUTDOWN_TIMEOUT": float(os.environ.get("DJANGO_JOBS_SHUTDOWN_TIMEOUT", "10")),
     "CANCEL_GRACE": float(os.environ.get("DJANGO_JOBS_CANCEL_GRACE", "30")),
+    # Off for workers behind PgBouncer 1.18 (test_pgbouncer), which cannot keep them.
+    "PREPARED_STATEMENTS": os.environ.get("DJANGO_JOBS_PREPARED_STATEMENTS", "1") == "1",
 }
 
 MIDDLEWARE = [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -12,6 +13,7 @@ from django.db import connection, transaction
 
 from django_jobs import claims, start, start_many
 from django_jobs.batching import Completer, complete_many
+from django_jobs.control import ControlConnection
 from django_jobs.models import JobRun, Status
 from django_jobs.notify import CHANNEL, Listener, raw_connection_params
 from tests.factories import WorkerFactory
@@ -55,10 +57,18 @@ def test_a_rolled_back_or_future_run_sends_nothing() -> None:
         assert payloads(conn) == []
 
 
-def test_the_listener_wakes_the_worker_for_its_pools() -> None:
+@pytest.fixture
+def control() -> Iterator[ControlConnection]:
+    """The test thread's connection, shared as a worker shares its own."""
+    shared = ControlConnection(connection.alias)
+    yield shared
+    shared.release()
+
+
+def test_the_listener_wakes_the_worker_for_its_pools(control: ControlConnection) -> None:
     woken = threading.Event()
     stop = threading.Event()
-    listener = Listener(["echo"], woken.set, stop)
+    listener = Listener(["echo"], woken.set, stop, control)
     listener.start()
     try:
         assert listener.connected.wait(10)
@@ -72,10 +82,10 @@ def test_the_listener_wakes_the_worker_for_its_pools() -> None:
         listener.join(5)
 
 
-def test_a_listener_whose_connection_is_killed_reconnects() -> None:
+def test_a_listener_whose_connection_is_killed_reconnects(control: ControlConnection) -> None:
     woken = threading.Event()
     stop = threading.Event()
-    listener = Listener(["default"], woken.set, stop)
+    listener = Listener(["default"], woken.set, stop, control)
     listener.start()
     try:
         assert listener.connected.wait(10)

@@ -10,7 +10,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import CommandError, CommandParser
 
 from django_jobs import conf
-from django_jobs.checks import check_database, connection_limit
+from django_jobs.checks import check_database, connection_limit, pool_size
 from django_jobs.logstream import BurstHandler
 from django_jobs.management.arguments import (
     MAX_CONCURRENCY,
@@ -116,6 +116,15 @@ class Command(JobsCommand):
             raise CommandError(
                 f"--concurrency {options['concurrency']} needs at least as many connections "
                 f"to the jobs database; its server accepts {limit} (max_connections)."
+            )
+        # The slots' connections and the control threads' one (control.py) come
+        # from Django's pool when there is one; the LISTEN connection does not.
+        needed, size = options["concurrency"] + 1, pool_size(alias)
+        if size is not None and size < needed:
+            raise CommandError(
+                f"--concurrency {options['concurrency']} needs {needed} connections from "
+                f"Django's connection pool for database {alias!r}, which lends at most {size}: "
+                f"set OPTIONS['pool'] = {{'max_size': {needed}}} or more, or lower --concurrency."
             )
         if options["metrics_port"] is not None:
             self._serve_metrics(options["metrics_port"], options["metrics_addr"])

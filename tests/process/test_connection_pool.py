@@ -1,0 +1,74 @@
+"""Workers on Django's connection pool (``OPTIONS["pool"]``) at its default size (issue 17).
+
+psycopg_pool lends at most 4 connections by default. A worker holds one per
+slot and one for its control threads, so with the default concurrency every
+durable feature works there; a concurrency the pool cannot serve is refused at
+start, in one line, instead of threads that wait for connections for ever.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from django_jobs import cancel, start
+from django_jobs.models import JobRun, JobStep, Status
+from tests.helpers import WorkerProcess, wait_until
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.process]
+
+StartWorker = Callable[..., WorkerProcess]
+POOL = {"DJANGO_SETTINGS_MODULE": "tests.process.pool_settings", "DJANGO_JOBS_CANCEL_GRACE": "1"}
+
+
+def status(run: JobRun) -> str:
+    return JobRun.objects.values_list("status", flat=True).get(pk=run.pk)
+
+
+def test_every_durable_feature_works_on_djangos_pool(start_worker: StartWorker) -> None:
+    retried = start("tests.flaky", {"succeed_on": 3})
+    stepped = start("tests.three_steps", {})
+    parent = start("tests.parent", {"n": 3})
+    sleeper = start("tests.sleeper", {"seconds": 0.5})
+    keyed = [start("tests.keyed", {"key": "k"}) for _ in range(3)]
+    timed_out = start("tests.slow", {})
+    doomed = start("tests.cooperative", {})
+    worker = start_worker("--pool", "default", "--pool", "echo", **POOL)
+    wait_until(lambda: status(doomed) == Status.RUNNING, timeout=60)
+    cancel(doomed.pk)
+    expected = {
+        retried.pk: Status.COMPLETED,
+        stepped.pk: Status.COMPLETED,
+        parent.pk: Status.COMPLETED,
+        sleeper.pk: Status.COMPLETED,
+        timed_out.pk: Status.TIMED_OUT,
+        doomed.pk: Status.CANCELED,
+        **{run.pk: Status.COMPLETED for run in keyed},
+    }
+
+    def ended() -> bool:
+        rows = dict(JobRun.objects.filter(pk__in=expected).values_list("pk", "status"))
+        return rows == expected
+
+    wait_until(ended, timeout=90)
+    assert JobRun.objects.get(pk=retried.pk).attempts == 3
+    assert JobStep.objects.filter(run=stepped).count() == 3
+    assert JobRun.objects.filter(parent=parent, status=Status.COMPLETED).count() == 3
+    assert worker.proc.poll() is None, worker.output()
+    assert "unavailable" not in worker.output()
+
+
+def test_a_pool_too_small_for_the_concurrency_is_refused_in_one_line(
+    start_worker: StartWorker,
+) -> None:
+    worker = start_worker("--pool", "default", "--concurrency", "4", **POOL)
+    assert worker.wait(timeout=60) == 1
+    output = worker.output().strip()
+    assert output.splitlines()[-1] == (
+        "CommandError: --concurrency 4 needs 5 connections from Django's connection pool "
+        "for database 'default', which lends at most 4: set OPTIONS['pool'] = "
+        "{'max_size': 5} or more, or lower --concurrency."
+    )
+    worker = start_worker("--pool", "default", "--concurrency", "3", "--burst", **POOL)
+    assert worker.wait(timeout=60) == 0, worker.output()
