@@ -229,6 +229,8 @@ def cancel(
     refused with ``RunNotFound``.
     """
     reason = _text("reason", reason, MAX_REASON) or "canceled"
+    if any(not c.isprintable() for c in reason):
+        raise InvalidJobInput("reason contains a control character")
     using = conf.get().DATABASE
     with transaction.atomic(using=using):
         run = _locked(run_id, tenant_id, parent_first=True)

@@ -146,7 +146,7 @@ def install(registry: CollectorRegistry = REGISTRY) -> RunMetrics:
         return _installed[id(registry)]
 
 
-def serve(port: int, addr: str = "0.0.0.0") -> None:
+def serve(port: int, addr: str = "127.0.0.1") -> None:
     """Install the metrics and expose them over HTTP on ``addr:port`` (a daemon thread)."""
     install()
     start_http_server(port, addr=addr)

@@ -86,6 +86,12 @@ def finite(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
+def terminal_safe(text: str) -> str:
+    """``text`` with every character a terminal would act on written as an escape
+    (``\\x1b``, ``\\u202e``): for command output that shows stored names and messages."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def printable(text: Any, limit: int = 1000) -> str:
     """Stored text made safe for a terminal: control characters become spaces."""
     if not isinstance(text, str):

@@ -33,8 +33,9 @@ def reason_problem(reason: object) -> str | None:
         return "is not a string"
     if len(reason) > MAX_PAUSE_REASON:
         return f"is longer than {MAX_PAUSE_REASON} characters"
-    if "\x00" in reason:
-        return "contains a NUL character"
+    if any(not c.isprintable() for c in reason):
+        # A terminal would act on them when jobstatus or jobpool list prints it.
+        return "contains a control character"
     return None
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import json
+import re
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission, User
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.test import Client
 
 from django_jobs import cancel, start
@@ -329,3 +331,54 @@ def test_tags_and_cancel_reasons_are_bounded() -> None:
     run.refresh_from_db()
     assert run.status == "pending"
     assert cancel(run.pk, reason="r" * 1000) == 1
+
+
+# --- finding 6: terminal escapes in command output --------------------------------------
+
+ESCAPES = "\x1b]0;owned\x07\x1b[2J\x1b[1;31mFAKE: all pools healthy\u202e"
+
+
+def test_pause_and_cancel_reasons_refuse_control_characters() -> None:
+    from django_jobs.pools import pause_pool
+
+    with pytest.raises(ValueError, match="control character"):
+        pause_pool("default", reason=ESCAPES)
+    run = start("tests.noop", {})
+    with pytest.raises(InvalidJobInput, match="control character"):
+        cancel(run.pk, reason=ESCAPES)
+    with pytest.raises(CommandError, match="control character"):
+        call_command("jobpool", "pause", "default", "--reason", "a\x1b[2Jb")
+
+
+def test_commands_print_stored_escapes_as_visible_text() -> None:
+    """Rows written before the checks, or by hand: the output escapes them anyway."""
+    from django.utils import timezone
+
+    from django_jobs.models import JobPool, Worker
+
+    JobPool.objects.create(name="mail", paused_at=timezone.now(), pause_reason=ESCAPES)
+    Worker.objects.create(hostname=ESCAPES, pid=1, pools=[ESCAPES], concurrency=1)
+    run = start("tests.noop", {}, pool="mail")
+    JobRun.objects.filter(pk=run.pk).update(
+        status="running", progress={"done": 1, "total": 2, "message": ESCAPES}
+    )
+    for command in (["jobstatus"], ["jobstatus", "--json"], ["jobpool", "list"]):
+        out = io.StringIO()
+        call_command(*command, stdout=out)
+        text = out.getvalue()
+        assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202e]", text), (command, text)
+    assert "\\x1b]0;owned\\x07" in text  # jobpool list: visible, not acted on
+
+
+# --- finding 7: safe defaults ------------------------------------------------------------
+
+
+def test_the_metrics_port_listens_on_this_machine_by_default() -> None:
+    import inspect
+
+    from django_jobs import metrics
+    from django_jobs.management.commands.runjobworker import Command
+
+    assert inspect.signature(metrics.serve).parameters["addr"].default == "127.0.0.1"
+    parser = Command().create_parser("manage.py", "runjobworker")
+    assert parser.parse_args(["--metrics-port", "9400"]).metrics_addr == "127.0.0.1"

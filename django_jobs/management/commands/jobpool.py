@@ -9,6 +9,7 @@ from django.core.management.base import CommandError, CommandParser
 
 from django_jobs.management.arguments import pool_name
 from django_jobs.management.base import JobsCommand
+from django_jobs.payloads import terminal_safe
 from django_jobs.pools import (
     PoolInUse,
     forget_pool,
@@ -73,8 +74,11 @@ class Command(JobsCommand):
             self.stdout.write("No pool is paused.")
         for pool in paused.values():
             reason = f": {pool.pause_reason}" if pool.pause_reason else ""
+            # The row may hold anything (written before names were checked, or by hand).
             self.stdout.write(
-                f"{pool.name} paused since {pool.paused_at:%Y-%m-%d %H:%M:%S %Z}{reason}"
+                terminal_safe(
+                    f"{pool.name} paused since {pool.paused_at:%Y-%m-%d %H:%M:%S %Z}{reason}"
+                )
             )
 
     def _forget(self, names: list[str]) -> None:

@@ -12,6 +12,7 @@ from django.db import DatabaseError, connections
 from django_jobs import conf
 from django_jobs.management.arguments import describe, duration, pool_name, positive_float
 from django_jobs.management.base import JobsCommand, database_error, first_line
+from django_jobs.payloads import terminal_safe
 from django_jobs.status import FINISHED, Snapshot, age, snapshot
 
 COLUMNS = ["pool", "state", "pending", "oldest", "running", "waiting", *FINISHED, "runs/min"]
@@ -71,7 +72,8 @@ def render(shot: Snapshot) -> str:
                 f"  #{run.run_id} {run.job_type} ({run.pool})  {run.done:g}{total}{percent}"
                 f"  running {age(run.running_for)}{message}"
             )
-    return "\n".join(lines)
+    # Names, reasons and messages come from rows: none may drive the terminal.
+    return "\n".join(terminal_safe(line) for line in lines)
 
 
 class Command(JobsCommand):
@@ -116,7 +118,7 @@ class Command(JobsCommand):
                     if not options["watch"]:
                         raise database_error(exc) from exc
                     # --watch outlives a database restart: say so, reconnect next time.
-                    self.stderr.write(f"cannot read the queue: {first_line(exc)}")
+                    self.stderr.write(f"cannot read the queue: {terminal_safe(first_line(exc))}")
                     connections[conf.get().DATABASE].close_if_unusable_or_obsolete()
                 else:
                     self._show(shot, options)

@@ -96,9 +96,9 @@ class Command(JobsCommand):
         )
         parser.add_argument(
             "--metrics-addr",
-            default="0.0.0.0",
+            default="127.0.0.1",
             metavar="ADDR",
-            help="address the metrics port listens on (default: 0.0.0.0)",
+            help="address the metrics port listens on (default: 127.0.0.1, this machine only)",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
