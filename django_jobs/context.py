@@ -29,6 +29,7 @@ from .exceptions import (
 )
 from .models import TERMINAL_STATUSES, ClosePolicy, JobRun, Status
 from .payloads import printable, to_json
+from .registry import get_handler
 from .signals import step_completed
 
 logger = logging.getLogger("django_jobs.job")
@@ -292,11 +293,11 @@ class JobContext:
         except (Suspended, LeaseLost):
             raise
         except BaseException as exc:
-            from .execution import error_record
+            from .execution import error_record, retryable
 
-            error = error_record(
-                exc, self.attempt, retryable=not isinstance(exc, InvalidStepOutput)
-            )
+            # Recorded as the run's own error will be, should it be this one.
+            handler = get_handler(self.job_type, resolve=True)
+            error = error_record(exc, self.attempt, retryable=retryable(handler, exc))
             try:
                 steps.record(self._claim, key, seq, error=error, started_at=started)
             except DatabaseError as db_error:

@@ -255,7 +255,7 @@ def _run_handler(
             return timeout_write(handler, claim)
         if isinstance(exc, JobCanceled):
             return cancel_write(claim, str(exc) or "the handler raised JobCanceled")
-        if isinstance(exc, InvalidStepOutput) or is_never_retried(exc):
+        if not retryable(handler, exc):
             return _not_retryable(claim, exc)
         return error_write(handler, claim, exc)
     if not ctx.own_outcome():
@@ -303,6 +303,18 @@ def _hand_off(hand_off: HandOff, claim: Claim, output: Any, duration: float) -> 
     return Outcome.COMPLETED if written else Outcome.LOST
 
 
+def retryable(handler: JobHandler, exc: BaseException) -> bool:
+    """Whether another attempt might cure ``exc``: what a run's error and a
+    failed step's error both record as ``retryable``.
+
+    Whether attempts are left is another matter: a retryable error on the last
+    attempt still fails the run.
+    """
+    if isinstance(exc, (JobCanceled, InvalidStepOutput)) or is_never_retried(exc):
+        return False
+    return handler.retry.is_retryable(exc)
+
+
 def error_write(handler: JobHandler, claim: Claim, exc: BaseException) -> Write:
     """The write for a handler that raised: a retry with backoff, or failed."""
     policy = handler.retry
@@ -311,7 +323,7 @@ def error_write(handler: JobHandler, claim: Claim, exc: BaseException) -> Write:
         delay = policy.delay(claim.attempt)
         retry = partial(_write, claims.reschedule, claim, error, Outcome.RETRY, delay)
         return Failure(retry, exc, retry_in=delay)
-    error = error_record(exc, claim.attempt, retryable=policy.is_retryable(exc))
+    error = error_record(exc, claim.attempt, retryable=retryable(handler, exc))
     return Failure(fail_write(claim, error), exc)
 
 

@@ -366,18 +366,22 @@ class Worker:
     # --- heartbeat, rescue and the watchdog ---------------------------------------
 
     def _heartbeat_loop(self) -> None:
-        """Record liveness, and nothing else: on its own thread and connection, so
-        no slow sweep of the watchdog's can delay it and get this worker taken for dead.
-        Its connection is the shared control connection: each beat takes it briefly."""
+        """Record liveness, and nothing else: on its own thread, so no slow sweep of
+        the watchdog's can delay it and get this worker taken for dead. It takes the
+        shared control connection for each beat; no operation holds that long."""
         self._adopt()
         while True:
-            self._pulse()
             status = WorkerStatus.STOPPING if self.stopping.is_set() else WorkerStatus.RUNNING
             if self._quietly(claims.heartbeat, self.worker_id, status) is False:
                 # The row was deleted (by hand, or by retention): recreate it, so
                 # claims by this worker satisfy the foreign key again.
                 logger.warning("worker=%s row missing; registering again", self.worker_id)
                 self._quietly(self._register)
+            # After the beat: a pulse tells the watchman the heartbeat was just
+            # written. A beat held up (by a control thread that a C call holding
+            # the GIL stopped mid-operation) holds up the pulse too, so the
+            # watchman's cover starts from the last heartbeat written.
+            self._pulse()
             if self.hard_stop.wait(self.heartbeat_interval):
                 break
         self._leave()

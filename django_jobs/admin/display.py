@@ -8,6 +8,7 @@ from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
@@ -74,13 +75,20 @@ def stored_size(value: Any) -> int:
     return len(text.encode("utf-8", "backslashreplace"))
 
 
-def preformatted(text: str, *, whole: str | None = None) -> SafeString:
-    """Text in a <pre>, at most ``SHOWN`` characters; past that, a note and the ``whole`` link."""
+def preformatted(
+    text: str, *, whole: str | None = None, limit: int = SHOWN, size: int | None = None
+) -> SafeString:
+    """Text in a <pre>, at most ``limit`` characters; past that, a note and the ``whole`` link.
+
+    ``size`` is the whole text's length in characters when ``text`` is already
+    a cut of it (cut in the database); the note then counts characters, not bytes.
+    """
     note = ""
-    if len(text) > SHOWN:
+    if size is not None and size > limit:
+        note = truncated(size, whole, unit="characters")
+    elif size is None and len(text) > limit:
         note = truncated(len(text.encode("utf-8", "backslashreplace")), whole)
-        text = text[:SHOWN]
-    return format_html('<pre style="white-space:pre-wrap;margin:0">{}</pre>{}', text, note)
+    return format_html('<pre style="white-space:pre-wrap;margin:0">{}</pre>{}', text[:limit], note)
 
 
 def truncated(size: int, whole: str | None, *, unit: str = "bytes") -> SafeString:
@@ -95,6 +103,20 @@ def truncated(size: int, whole: str | None, *, unit: str = "bytes") -> SafeStrin
     )
 
 
+def timestamp(value: datetime | None) -> SafeString | str:
+    """``2026-12-02 13:06:01`` in the current time zone: seconds matter to an
+    operator lining runs up with logs; the full ISO form is the tooltip."""
+    if value is None:
+        return EMPTY
+    local = timezone.localtime(value) if timezone.is_aware(value) else value
+    return format_html(
+        '<time datetime="{}" title="{}" style="white-space:nowrap">{}</time>',
+        local.isoformat(),
+        local.isoformat(),
+        local.strftime("%Y-%m-%d %H:%M:%S"),
+    )
+
+
 def duration(start: datetime | None, end: datetime | None) -> str:
     if start is None or end is None or end < start:
         return EMPTY
@@ -103,7 +125,11 @@ def duration(start: datetime | None, end: datetime | None) -> str:
         return f"{seconds * 1000:.0f} ms"
     if seconds < 120:
         return f"{seconds:.1f} s"
-    return f"{seconds / 60:.1f} min"
+    if seconds < 120 * 60:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
 
 
 def run_link(run_id: int | None, text: str | None = None) -> SafeString | str:

@@ -8,28 +8,28 @@ from typing import Any
 from django.contrib import admin
 from django.core.paginator import Paginator
 from django.db import connections
-from django.db.models import QuerySet, TextField
-from django.db.models.functions import Cast, Coalesce, Left, Length
+from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from .. import conf
-from ..models import JobRun, JobStep, Worker
+from ..models import TERMINAL_STATUSES, JobRun, Status, Worker
 from ..registry import all_handlers
 from . import display
 from .display import EMPTY
 from .downloads import DownloadsMixin
 from .operations import OperationsMixin
 from .pools import PoolsPageMixin
+from .summary import RunSummaryMixin
+from .timeline import StepTimelineMixin
 
 # Children listed on a run's page; the rest are a filtered run list away.
 CHILDREN_SHOWN = 50
-# Steps per page of a run's step timeline (?steps=N pages through them), and
-# how much of each step's output or error the timeline shows.
-STEPS_SHOWN = 50
-STEP_PREVIEW = 300
+# Characters of a running run's progress the run list shows under its status.
+LIST_PROGRESS = 60
 
 
 class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
@@ -104,19 +104,24 @@ class TenantFilter(ExactFilter):
         return [(t, t) for t in tenants if t is not None]
 
 
-class JobRunAdmin(DownloadsMixin, PoolsPageMixin, OperationsMixin, admin.ModelAdmin):  # type: ignore[type-arg,misc]
+class JobRunAdmin(  # type: ignore[misc]
+    RunSummaryMixin,
+    StepTimelineMixin,
+    DownloadsMixin,
+    PoolsPageMixin,
+    OperationsMixin,
+    admin.ModelAdmin,  # type: ignore[type-arg]
+):
+    # Fits a 1,400 px window beside the filters: one timestamp and a duration,
+    # not three timestamps; progress under the status; the priority is on the run page.
     list_display = [
         "id",
         "job_type",
-        "status_badge",
+        "status_list",
         "pool",
-        "priority",
         "attempts_display",
-        "created_at",
-        "started_at",
-        "finished_at",
+        "created",
         "duration",
-        "progress_display",
     ]
     list_display_links = ["id", "job_type"]
     list_filter = ["status", PoolFilter, JobTypeFilter, TenantFilter, "created_at"]
@@ -140,9 +145,11 @@ class JobRunAdmin(DownloadsMixin, PoolsPageMixin, OperationsMixin, admin.ModelAd
     paginator = EstimatedCountPaginator
     change_form_template = "admin/django_jobs/jobrun/change_form.html"
     change_list_template = "admin/django_jobs/jobrun/change_list.html"
+    # The summary (RunSummaryMixin, at the top of the page) has what an operator
+    # reads first: status, error, attempts, times, worker. Every field follows.
     fieldsets = [
         (
-            None,
+            "Run",
             {
                 "fields": [
                     "id",
@@ -162,18 +169,18 @@ class JobRunAdmin(DownloadsMixin, PoolsPageMixin, OperationsMixin, admin.ModelAd
             "Times",
             {
                 "fields": [
-                    "created_at",
-                    "run_at",
-                    "started_at",
-                    "finished_at",
-                    "duration",
+                    "created",
+                    "due",
+                    "started",
+                    "finished",
+                    "duration_detail",
                     "progress_display",
-                    "cancel_requested_at",
+                    "cancel_requested",
                     "cancel_reason",
                 ]
             },
         ),
-        ("Data", {"fields": ["input_pretty", "output_pretty", "error_summary", "traceback"]}),
+        ("Data", {"fields": ["input_pretty", "output_pretty"]}),
         ("Steps", {"fields": ["step_timeline"]}),
         (
             "Family",
@@ -255,13 +262,34 @@ class JobRunAdmin(DownloadsMixin, PoolsPageMixin, OperationsMixin, admin.ModelAd
     def attempts_display(self, run: JobRun) -> str:
         return f"{run.attempts}/{run.max_attempts}"
 
+    @admin.display(description="created", ordering="created_at")
+    def created(self, run: JobRun) -> SafeString | str:
+        return display.timestamp(run.created_at)
+
     @admin.display(description="duration")
     def duration(self, run: JobRun) -> str:
-        return display.duration(run.started_at, run.finished_at)
+        """From creation to end: a whole life, waits for children and retries included."""
+        if run.status in TERMINAL_STATUSES:
+            return display.duration(run.created_at, run.finished_at)
+        if run.status == Status.RUNNING:
+            return f"{display.duration(run.created_at, timezone.now())} so far"
+        return EMPTY
 
-    @admin.display(description="progress")
-    def progress_display(self, run: JobRun) -> str:
-        return display.progress(run.progress)
+    @admin.display(description="status", ordering="status")
+    def status_list(self, run: JobRun) -> SafeString:
+        """The badge, and under it an unfinished run's progress (a finished run's
+        last report is history: on its page only, labelled)."""
+        progress = EMPTY if run.status in TERMINAL_STATUSES else display.progress(run.progress)
+        if progress == EMPTY:
+            return display.badge(run.status)
+        if len(progress) > LIST_PROGRESS:
+            progress = progress[: LIST_PROGRESS - 1] + "…"
+        return format_html(
+            '{}<br><small class="dj-progress" style="display:inline-block;max-width:10em">'
+            "{}</small>",
+            display.badge(run.status),
+            progress,
+        )
 
     # --- the run page -------------------------------------------------------------
 
@@ -274,120 +302,6 @@ class JobRunAdmin(DownloadsMixin, PoolsPageMixin, OperationsMixin, admin.ModelAd
         if run.output is None:
             return EMPTY
         return display.pretty_json(run.output, whole=self.payload_url(run.pk, "output"))
-
-    @admin.display(description="error")
-    def error_summary(self, run: JobRun) -> SafeString | str:
-        if not isinstance(run.error, dict) or not run.error:
-            return EMPTY
-        message = run.error.get("message", "")
-        message = message if isinstance(message, str) else ""
-        note = ""
-        if len(message) > display.SHOWN:  # stored before messages were capped
-            note = display.truncated(
-                len(message), self.payload_url(run.pk, "error"), unit="characters"
-            )
-            message = message[: display.SHOWN]
-        return format_html(
-            "<strong>{}</strong>: {} <small>(attempt {})</small>{}",
-            str(run.error.get("type", ""))[:1000],
-            message,
-            str(run.error.get("attempt", "?"))[:20],
-            note,
-        )
-
-    @admin.display(description="traceback")
-    def traceback(self, run: JobRun) -> SafeString | str:
-        text = run.error.get("traceback") if isinstance(run.error, dict) else None
-        if not text or not isinstance(text, str):
-            return EMPTY
-        return display.preformatted(text, whole=self.payload_url(run.pk, "error"))
-
-    @admin.display(description="steps")
-    def step_timeline(self, run: JobRun) -> SafeString | str:
-        steps = JobStep.objects.using(conf.get().DATABASE).filter(run_id=run.pk)
-        total = steps.count()
-        if not total:
-            return EMPTY
-        pages = (total + STEPS_SHOWN - 1) // STEPS_SHOWN
-        page = min(max(getattr(run, "steps_page", 1), 1), pages)
-        start = (page - 1) * STEPS_SHOWN
-        # Only what the table shows leaves the database: a preview of each
-        # output or error and its length, never the whole value.
-        shown = list(
-            steps.order_by("seq", "id")
-            .annotate(
-                payload=Coalesce(Cast("error", TextField()), Cast("output", TextField())),
-            )
-            .annotate(preview=Left("payload", STEP_PREVIEW), size=Length("payload"))
-            .values_list(
-                "pk",
-                "seq",
-                "step_id",
-                "status",
-                "attempts",
-                "started_at",
-                "finished_at",
-                "preview",
-                "size",
-            )[start : start + STEPS_SHOWN]
-        )
-        rows = format_html_join(
-            "",
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            (
-                (
-                    seq,
-                    step_id,
-                    display.badge(status),
-                    attempts,
-                    display.duration(started, finished),
-                    self._step_preview(run.pk, pk, status, preview, size),
-                )
-                for pk, seq, step_id, status, attempts, started, finished, preview, size in shown
-            ),
-        )
-        return format_html(
-            '<table class="dj-steps"><thead><tr><th>#</th><th>step</th><th>status</th>'
-            "<th>attempts</th><th>duration</th><th>output / error</th></tr></thead>"
-            "<tbody>{}</tbody></table>{}",
-            rows,
-            self._step_pages(run.pk, page, pages, start, len(shown), total),
-        )
-
-    def _step_preview(
-        self, run_id: int, step: int, status: str, preview: str | None, size: int | None
-    ) -> SafeString | str:
-        if preview is None:
-            return EMPTY
-        if size is None or size <= STEP_PREVIEW:
-            return format_html('<code class="dj-json">{}</code>', preview)
-        field = "error" if status == JobStep.StepStatus.FAILED else "output"
-        return format_html(
-            '<code class="dj-json">{} …</code> <a href="{}">whole {} ({} characters)</a>',
-            preview,
-            self.payload_url(run_id, field, step),
-            field,
-            f"{size:,}",
-        )
-
-    def _step_pages(
-        self, run_id: int, page: int, pages: int, start: int, count: int, total: int
-    ) -> SafeString | str:
-        if pages == 1:
-            return ""
-        url = reverse(f"{self.admin_site.name}:django_jobs_jobrun_change", args=[run_id])
-        links = [
-            format_html('<a href="{}?steps={}">{} steps</a>', url, number, label)
-            for number, label in ((page - 1, "earlier"), (page + 1, "later"))
-            if 1 <= number <= pages
-        ]
-        return format_html(
-            '<p class="dj-step-pages">steps {} to {} of {} {}</p>',
-            f"{start + 1:,}",
-            f"{start + count:,}",
-            f"{total:,}",
-            format_html_join(" ", "{}", ((link,) for link in links)),
-        )
 
     @admin.display(description="parent")
     def parent_link(self, run: JobRun) -> SafeString | str:
@@ -429,14 +343,6 @@ class JobRunAdmin(DownloadsMixin, PoolsPageMixin, OperationsMixin, admin.ModelAd
     def attempt_workers(self, run: JobRun) -> str:
         return ", ".join(f"{n}: {worker}" for n, worker in enumerate(run.worker_ids, 1)) or EMPTY
 
-    @admin.display(description="worker")
-    def worker_link(self, run: JobRun) -> SafeString | str:
-        worker = run.claimed_by
-        if worker is None:
-            return EMPTY
-        url = reverse("admin:django_jobs_worker_change", args=[worker.pk])
-        return format_html('<a href="{}">{}</a> ({})', url, str(worker), worker.status)
-
     # --- extra pages --------------------------------------------------------------
 
     def change_view(
@@ -444,4 +350,6 @@ class JobRunAdmin(DownloadsMixin, PoolsPageMixin, OperationsMixin, admin.ModelAd
     ) -> Any:
         run = self.get_object(request, object_id)
         extra = {**(extra_context or {}), "run_operations": self.run_operations(request, run)}
+        if run is not None:
+            extra["run_summary"] = self.run_summary(run)
         return super().change_view(request, object_id, form_url, extra)

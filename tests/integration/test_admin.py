@@ -331,3 +331,78 @@ def test_a_forged_lookup_in_the_query_string_lists_nothing(
     # page or a redirect back to the unfiltered list, never a filtered listing.
     assert response.status_code in (302, 400)
     assert change_url(run) not in response.content.decode()
+
+
+# --- issue 17 §5: the run page read at 3 a.m. ---------------------------------------------
+
+
+def finished_run(**fields: Any) -> JobRun:
+    now = timezone.now()
+    defaults: dict[str, Any] = {
+        "status": Status.FAILED,
+        "attempts": 2,
+        "max_attempts": 2,
+        "claimed_by": WorkerFactory(hostname="w1", pid=7),
+        "created_at": now - timedelta(minutes=10),
+        "started_at": now - timedelta(seconds=5),
+        "finished_at": now,
+        "progress": {"done": 1, "total": 3, "message": "charging", "at": now.isoformat()},
+        "error": {
+            "type": "shop.Declined",
+            "message": "card declined",
+            "traceback": "Traceback (most recent call last):\nshop.Declined: card declined",
+            "attempt": 2,
+            "retryable": False,
+        },
+    }
+    return JobRunFactory(**{**defaults, **fields})  # type: ignore[no-any-return]
+
+
+def test_the_run_page_opens_on_a_summary_of_what_matters(operator: Client) -> None:
+    run = finished_run()
+    content = operator.get(change_url(run)).content.decode()
+    summary = content[content.index('class="module dj-summary"') : content.index(">Run</h2>")]
+    assert "<strong>shop.Declined</strong>: card declined" in summary
+    assert "attempt 2, not retryable" in summary
+    assert '<details class="dj-traceback" open>' in summary
+    assert "2 of 2" in summary
+    # A parent resumed after its children, or a retried run, started again:
+    # its duration counts from its creation, not from its latest start.
+    assert "10.0 min from creation to end · latest execution 5.0 s" in summary
+    assert content.count("card declined</") == 1  # not again in the field list
+
+
+def test_a_finished_run_shows_its_last_worker_and_progress_as_history(operator: Client) -> None:
+    run = finished_run()
+    content = operator.get(change_url(run)).content.decode()
+    assert "(running)" not in content
+    assert "w1:7</a> (ran its last attempt)" in content
+    assert "1 / 3 (33%) charging (its last report, before the run ended)" in content
+    listed = operator.get(CHANGELIST).content.decode()
+    assert "charging" not in listed
+
+
+def test_a_running_run_shows_its_worker_and_progress(operator: Client) -> None:
+    run = RunningJobRunFactory(progress={"done": 2, "total": 4, "message": "copying"})
+    content = operator.get(change_url(run)).content.decode()
+    assert "(holds it now; the worker is running)" in content
+    assert "2 / 4 (50%) copying" in operator.get(CHANGELIST).content.decode()
+
+
+def test_times_show_seconds(operator: Client) -> None:
+    created = timezone.localtime(timezone.now()).replace(second=42, microsecond=0)
+    run = finished_run(created_at=created, finished_at=created + timedelta(seconds=1))
+    stamp = created.strftime("%Y-%m-%d %H:%M:42")
+    assert f">{stamp}</time>" in operator.get(change_url(run)).content.decode()
+    assert f">{stamp}</time>" in operator.get(CHANGELIST).content.decode()
+
+
+def test_a_failed_steps_error_reads_as_the_runs_does(operator: Client) -> None:
+    run = finished_run()
+    JobStepFactory(run=run, step_id="charge", status="failed", output=None, error=run.error)
+    content = operator.get(change_url(run)).content.decode()
+    steps = content[content.index('class="dj-steps"') :]
+    assert "<strong>shop.Declined</strong>: card declined" in steps
+    assert "attempt 2, not retryable" in steps
+    assert '<details class="dj-traceback"><summary>traceback</summary>' in steps
+    assert "&quot;retryable&quot;" not in steps  # not raw JSON

@@ -382,3 +382,28 @@ def test_the_metrics_port_listens_on_this_machine_by_default() -> None:
     assert inspect.signature(metrics.serve).parameters["addr"].default == "127.0.0.1"
     parser = Command().create_parser("manage.py", "runjobworker")
     assert parser.parse_args(["--metrics-port", "9400"]).metrics_addr == "127.0.0.1"
+
+
+def test_failed_steps_errors_render_cut_and_load_only_their_cuts(admin_client: Client) -> None:
+    """A page of failed steps whose errors were stored before the caps (or by hand)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    run = start("tests.noop", {})
+    error = {
+        "type": "builtins.ValueError",
+        "message": "m" * 1_000_000,
+        "traceback": "t" * 1_000_000,
+    }
+    JobStep.objects.bulk_create(
+        JobStep(run=run, step_id=f"s{n}", seq=n, status="failed", error=error) for n in range(60)
+    )
+    url = f"/admin/django_jobs/jobrun/{run.pk}/change/"
+    with CaptureQueriesContext(connection) as queries:
+        html = page(admin_client, url)
+    assert html.count("<strong>builtins.ValueError</strong>") == 50
+    assert html.count("truncated, 1,000,000 characters") == 100
+    step = JobStep.objects.get(run=run, step_id="s0")
+    assert f'href="/admin/django_jobs/jobrun/{run.pk}/steps/{step.pk}/error/"' in html
+    step_queries = [q["sql"] for q in queries if "django_jobs_jobstep" in q["sql"]]
+    assert not any('"django_jobs_jobstep"."error",' in sql for sql in step_queries)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import pytest
 
-from django_jobs import retry, start
+from django_jobs import JobContext, RetryPolicy, job, retry, start
 from django_jobs.models import JobRun, JobStep, Status
+from django_jobs.registry import unregister
 from django_jobs.testing import drain
 from tests.testapp.models import Execution
 
@@ -87,3 +91,40 @@ def test_retry_keeps_completed_steps_unless_reset() -> None:
     retry(run.pk, reset_steps=True)
     drain()
     assert effects(run, "a") == 2
+
+
+class Declined(Exception):
+    """A card declined: running again cannot cure it."""
+
+
+def charge(ctx: JobContext) -> None:
+    def declined() -> None:
+        raise (Declined if ctx.input["declined"] else RuntimeError)("card declined")
+
+    ctx.step("charge", declined)
+
+
+@pytest.fixture
+def charging() -> Iterator[None]:
+    policy = RetryPolicy(attempts=2, base_delay=0, jitter=False, non_retryable=[Declined])
+    job("steps.charge", retry=policy)(charge)
+    yield
+    unregister("steps.charge")
+
+
+@pytest.mark.usefixtures("charging")
+@pytest.mark.parametrize(
+    ("declined", "attempts", "retryable"), [(True, 1, False), (False, 2, True)]
+)
+def test_a_failed_step_says_retryable_as_its_run_does(
+    declined: bool, attempts: int, retryable: bool
+) -> None:
+    run = start("steps.charge", {"declined": declined})
+    drain()
+    run.refresh_from_db()
+    step = JobStep.objects.get(run=run)
+    expected: dict[str, Any] = {"type": run.error["type"], "retryable": retryable}
+    assert (run.status, run.attempts) == (Status.FAILED, attempts)
+    assert {k: run.error[k] for k in expected} == expected
+    assert {k: step.error[k] for k in expected} == expected
+    assert step.error["attempt"] == run.error["attempt"] == attempts

@@ -1,0 +1,149 @@
+"""The top of a run's page: what an operator reads first, then the times and the worker.
+
+Status, error, attempts, times, duration and worker sit in one short table
+above the long field list. A finished run's last progress report and last
+worker are labelled as such, never shown as if they were current.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from django.contrib import admin
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+from ..models import TERMINAL_STATUSES, UNSUCCESSFUL_STATUSES, JobRun, Status
+from . import display, errors
+from .display import EMPTY
+
+
+class RunSummaryMixin:
+    """The summary of JobRunAdmin's run page, and the run page's time and worker fields."""
+
+    payload_url: Callable[..., str]  # DownloadsMixin's
+
+    def run_summary(self, run: JobRun) -> SafeString:
+        finished = run.status in TERMINAL_STATUSES
+        rows = [
+            ("status", self._state(run)),
+            ("attempts", f"{run.attempts} of {run.max_attempts}"),
+            (_error_label(run), self._error(run)),
+            ("times", self._times(run)),
+            ("duration", self.duration_detail(run)),
+            ("worker", self.worker_link(run)),
+            # A finished run's last report is on the field list, labelled.
+            ("progress", EMPTY if finished else display.progress(run.progress)),
+            ("parent", EMPTY if run.parent is None else display.run_label(run.parent)),
+        ]
+        return format_html(
+            '<fieldset class="module dj-summary"><h2 class="fieldset-heading">Summary</h2>'
+            "<table><tbody>{}</tbody></table></fieldset>",
+            format_html_join(
+                "",
+                '<tr><th scope="row">{}</th><td>{}</td></tr>',
+                ((label, value) for label, value in rows if value != EMPTY),
+            ),
+        )
+
+    def _state(self, run: JobRun) -> SafeString:
+        note: SafeString | str = ""
+        if run.status == Status.PENDING:
+            due = run.run_at is not None and run.run_at > timezone.now()
+            note = format_html("due {}", display.timestamp(run.run_at)) if due else "due now"
+        elif run.status == Status.WAITING:
+            note = (
+                "waiting for its child runs"
+                if run.awaiting is not None
+                else format_html("sleeping until {}", display.timestamp(run.run_at))
+            )
+        if run.cancel_requested_at is not None and run.status not in TERMINAL_STATUSES:
+            note = format_html(
+                "{}cancel requested {}",
+                format_html("{}; ", note) if note else "",
+                display.timestamp(run.cancel_requested_at),
+            )
+        if run.cancel_reason:
+            note = format_html("{}{}", format_html("{}; ", note) if note else "", run.cancel_reason)
+        return format_html("{} {}", display.badge(run.status), note)
+
+    def _error(self, run: JobRun) -> SafeString | str:
+        shown = errors.ShownError.of(run.error)
+        if shown is None:
+            return EMPTY
+        return errors.render(shown, whole=self.payload_url(run.pk, "error"), traceback_open=True)
+
+    def _times(self, run: JobRun) -> SafeString:
+        parts = [("created", run.created_at), ("last execution started", run.started_at)]
+        parts.append(("finished", run.finished_at))
+        return format_html_join(
+            " · ",
+            "{} {}",
+            ((label, display.timestamp(value)) for label, value in parts if value is not None),
+        )
+
+    # --- fields of the run page ---------------------------------------------------
+
+    @admin.display(description="run at")
+    def due(self, run: JobRun) -> SafeString | str:
+        return display.timestamp(run.run_at)
+
+    @admin.display(description="started at (latest execution)")
+    def started(self, run: JobRun) -> SafeString | str:
+        return display.timestamp(run.started_at)
+
+    @admin.display(description="finished at")
+    def finished(self, run: JobRun) -> SafeString | str:
+        return display.timestamp(run.finished_at)
+
+    @admin.display(description="cancel requested at")
+    def cancel_requested(self, run: JobRun) -> SafeString | str:
+        return display.timestamp(run.cancel_requested_at)
+
+    @admin.display(description="duration")
+    def duration_detail(self, run: JobRun) -> str:
+        """The whole life from creation, and the latest execution alone.
+
+        ``started_at`` is set at each execution: a parent resumed after its
+        children ran, or a run retried, started again. Its whole life is counted
+        from its creation (waiting in the queue included), not from that start.
+        """
+        finished = run.status in TERMINAL_STATUSES
+        if not finished and run.status != Status.RUNNING:
+            return EMPTY
+        end = run.finished_at if finished else timezone.now()
+        whole = display.duration(run.created_at, end)
+        if whole == EMPTY:
+            return EMPTY
+        text = f"{whole} from creation to end" if finished else f"{whole} so far"
+        last = display.duration(run.started_at, end)
+        if last != EMPTY and last != whole:
+            text += f" · latest execution {last}"
+        return text
+
+    @admin.display(description="progress")
+    def progress_display(self, run: JobRun) -> str:
+        text = display.progress(run.progress)
+        if text != EMPTY and run.status in TERMINAL_STATUSES:
+            return f"{text} (its last report, before the run ended)"
+        return text
+
+    @admin.display(description="worker")
+    def worker_link(self, run: JobRun) -> SafeString | str:
+        worker = run.claimed_by
+        if worker is None:
+            return EMPTY
+        url = reverse("admin:django_jobs_worker_change", args=[worker.pk])
+        if run.status == Status.RUNNING:
+            role = f"holds it now; the worker is {worker.status}"
+        else:
+            role = "ran its last attempt"
+        return format_html('<a href="{}">{}</a> ({})', url, str(worker), role)
+
+
+def _error_label(run: JobRun) -> str:
+    """ "error" for a run that ended with it; "last error" for one that carries on
+    (a retry is due) or completed after it."""
+    return "error" if run.status in UNSUCCESSFUL_STATUSES else "last error"
