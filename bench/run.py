@@ -4,6 +4,7 @@
     python3 bench/run.py                  # 3 rounds, 20,000 runs per drain (~18 min)
     python3 bench/run.py --quick          # smoke run: 1 round, small N (~70 s)
     python3 bench/run.py --rounds 5 --n 20000 --concurrency 16
+    python3 bench/run.py --concurrency default   # runjobworker without --concurrency
 
 Each system (django_jobs, PgQueuer, Procrastinate, django-tasks-db) gets its own
 virtual environment under bench/.venvs/ (created on first use; --reinstall rebuilds)
@@ -140,11 +141,23 @@ def interrupted(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
+def concurrency_option(value: str) -> str:
+    """A positive integer, or 'default' (the worker is started without the flag)."""
+    if value != "default" and not (value.isdigit() and int(value) > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'default', got {value!r}")
+    return value
+
+
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--rounds", type=int, default=None, help="rounds (default 3; --quick: 1)")
     p.add_argument("--n", type=int, default=None, help="runs per drain (default 20000; 2000)")
-    p.add_argument("--concurrency", type=int, default=16, help="runjobworker --concurrency")
+    p.add_argument(
+        "--concurrency",
+        type=concurrency_option,
+        default="16",
+        help="runjobworker --concurrency N; 'default' passes no --concurrency (default 16)",
+    )
     p.add_argument("--lat-samples", type=int, default=None, help="latency samples (25; 10)")
     p.add_argument("--history", type=int, default=None, help="completed rows (1M; 100k)")
     p.add_argument("--rss-runs", type=int, default=None, help="runs for the RSS case (100k; 10k)")
@@ -669,7 +682,7 @@ def machine_lines(meta: dict[str, Any], raw_name: str) -> list[str]:
         "other work)",
         f"- Python {', '.join(python)}; {pkgs}",
         f"- {opts['rounds']} round(s); {opts['n']:,} no-op runs per drain; runjobworker "
-        f"--concurrency {opts['concurrency']}, "
+        f"{worker_flags(opts['concurrency'])}, "
         + ("default verbosity" if verbosity is None else f"-v {verbosity}")
         + f"; {opts['lat_samples']} latency samples per system and round"
         + (" (**quick mode**: smoke test, not for comparisons)" if opts["quick"] else ""),
@@ -679,11 +692,15 @@ def machine_lines(meta: dict[str, Any], raw_name: str) -> list[str]:
 def drain_config(system: str, meta: dict[str, Any]) -> str:
     conc = meta.get("options", {}).get("concurrency", "?")
     return {
-        "django_jobs": f" (--concurrency {conc})",
+        "django_jobs": f" ({worker_flags(conc)})",
         "pgqueuer": " (defaults, batch 10)",
         "procrastinate": " (--concurrency 10)",
         "django_tasks_db": " (db_worker)",
     }[system]
+
+
+def worker_flags(conc: object) -> str:
+    return "no --concurrency (its default)" if conc == "default" else f"--concurrency {conc}"
 
 
 def drain_verdict(value: float | None) -> str:

@@ -347,7 +347,7 @@ def driver_main(measure: Callable[[argparse.Namespace], dict[str, Any]]) -> None
     parser = argparse.ArgumentParser()
     parser.add_argument("--case", required=True)
     parser.add_argument("--n", type=int, default=20000)
-    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--concurrency", default="16", help="an integer, or 'default'")
     parser.add_argument("--lat-samples", type=int, default=25)
     parser.add_argument("--history", type=int, default=1_000_000)
     parser.add_argument("--rss-runs", type=int, default=100_000)

@@ -3,7 +3,8 @@
 Cases: drain1 (bulk enqueue, drain by 1 worker, then idle latency), drain2 (2 workers),
 steps (3-step runs, 1 worker), history (drain1 with completed runs of history in the
 table), rss (worker RSS after warm-up and after --rss-runs runs). Workers are
-``manage.py runjobworker --pool default --concurrency C``.
+``manage.py runjobworker --pool default --concurrency C``, or without ``--concurrency``
+when C is ``default``.
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 def worker_cmd(args: argparse.Namespace) -> list[str]:
     cmd = [sys.executable, "manage.py", "runjobworker", "--pool", "default"]
-    cmd += ["--concurrency", str(args.concurrency)]
+    if args.concurrency != "default":
+        cmd += ["--concurrency", args.concurrency]
     if args.worker_verbosity is not None:
         cmd += ["-v", str(args.worker_verbosity)]
     return cmd

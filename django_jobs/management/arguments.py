@@ -25,6 +25,10 @@ def positive_int(value: str) -> int:
 # past what one process serves well (a second process scales further), and far
 # below where threads cannot be started any more.
 MAX_CONCURRENCY = 1000
+# runjobworker's --concurrency when none is given: the fewest slots with which
+# one process drained short runs faster than PgQueuer's defaults in every
+# measurement (docs/performance.md); 18 connections (docs/decisions.md).
+DEFAULT_CONCURRENCY = 16
 
 
 def concurrency(value: str) -> int:

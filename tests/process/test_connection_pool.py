@@ -1,9 +1,10 @@
 """Workers on Django's connection pool (``OPTIONS["pool"]``) at its default size (issue 17).
 
 psycopg_pool lends at most 4 connections by default. A worker holds one per
-slot and one for its control threads, so with the default concurrency every
-durable feature works there; a concurrency the pool cannot serve is refused at
-start, in one line, instead of threads that wait for connections for ever.
+slot and one for its control threads, so without --concurrency it runs 3 slots
+there (the default, capped, said in one line) and every durable feature works;
+a --concurrency the pool cannot serve is refused at start, in one line, instead
+of threads that wait for connections for ever.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable
 import pytest
 
 from django_jobs import cancel, start
-from django_jobs.models import JobRun, JobStep, Status
+from django_jobs.models import JobRun, JobStep, Status, Worker
 from tests.helpers import WorkerProcess, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.process]
@@ -72,3 +73,14 @@ def test_a_pool_too_small_for_the_concurrency_is_refused_in_one_line(
     )
     worker = start_worker("--pool", "default", "--concurrency", "3", "--burst", **POOL)
     assert worker.wait(timeout=60) == 0, worker.output()
+
+
+def test_without_the_flag_the_default_concurrency_is_capped_to_the_pool(
+    start_worker: StartWorker,
+) -> None:
+    start("tests.three_steps", {})
+    worker = start_worker("--pool", "default", "--burst", **POOL)
+    assert worker.wait(timeout=60) == 0, worker.output()
+    assert worker.output().count("concurrency=3 default=16 database=default pool_max_size=4") == 1
+    assert Worker.objects.get(pid=worker.pid).concurrency == 3
+    assert JobRun.objects.get().status == Status.COMPLETED

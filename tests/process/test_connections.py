@@ -17,7 +17,8 @@ import pytest
 from django.db import connections
 
 from django_jobs import cancel, start, start_many
-from django_jobs.models import JobRun, Status
+from django_jobs.management.arguments import DEFAULT_CONCURRENCY
+from django_jobs.models import JobRun, Status, Worker
 from tests.helpers import WorkerProcess, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.process]
@@ -31,10 +32,12 @@ def sessions(name: str) -> int:
         return int(cursor.fetchone()[0])
 
 
-@pytest.mark.parametrize("concurrency", [1, 4])
+@pytest.mark.parametrize("concurrency", [1, 4, None])  # None: no --concurrency flag
 def test_a_worker_holds_its_concurrency_plus_two_connections(
-    start_worker: StartWorker, concurrency: int
+    start_worker: StartWorker, concurrency: int | None
 ) -> None:
+    flags = [] if concurrency is None else ["--concurrency", str(concurrency)]
+    slots = concurrency or DEFAULT_CONCURRENCY
     name = f"djjobs-{uuid.uuid4().hex[:12]}"
     # Every kind of work at once: slots busy, steps, children and their
     # wake-ups, durable sleeps, retries, timeouts, a cancel, and a schedule.
@@ -50,8 +53,7 @@ def test_a_worker_holds_its_concurrency_plus_two_connections(
         "default",
         "--pool",
         "echo",  # the children's
-        "--concurrency",
-        str(concurrency),
+        *flags,
         DJANGO_SETTINGS_MODULE="tests.process.schedule_settings",
         DJANGO_JOBS_APPLICATION_NAME=name,
         DJANGO_JOBS_CANCEL_GRACE="1",
@@ -82,4 +84,5 @@ def test_a_worker_holds_its_concurrency_plus_two_connections(
         done.set()
         sampler.join()
     assert worker.proc.poll() is None, worker.output()
-    assert concurrency + 1 <= peak <= concurrency + 2, (peak, worker.output()[-3000:])
+    assert Worker.objects.get(pid=worker.pid).concurrency == slots
+    assert slots + 1 <= peak <= slots + 2, (peak, worker.output()[-3000:])

@@ -13,6 +13,7 @@ from django_jobs import conf
 from django_jobs.checks import check_database, connection_limit, pool_size
 from django_jobs.logstream import BurstHandler
 from django_jobs.management.arguments import (
+    DEFAULT_CONCURRENCY,
     MAX_CONCURRENCY,
     concurrency,
     pool_name,
@@ -25,6 +26,7 @@ from django_jobs.management.startup import wait_for_database, warn_of_pools_with
 from django_jobs.worker import Worker
 
 DEFAULT_START_TIMEOUT = 30.0
+logger = logging.getLogger(__name__)
 VERBOSITY_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
 
 
@@ -47,10 +49,11 @@ class Command(JobsCommand):
         parser.add_argument(
             "--concurrency",
             type=concurrency,
-            default=1,
+            default=None,
             metavar="N",
             help=f"runs executed at once, one thread and database connection each, "
-            f"1 to {MAX_CONCURRENCY} and at most the server's max_connections (default: 1)",
+            f"1 to {MAX_CONCURRENCY} and at most the server's max_connections (default: "
+            f"{DEFAULT_CONCURRENCY}, or what Django's connection pool can serve)",
         )
         parser.add_argument(
             "--burst",
@@ -111,28 +114,14 @@ class Command(JobsCommand):
         problems = [m for m in check_database(alias) if m.is_serious()]
         if problems:
             raise CommandError("; ".join(f"{m.id}: {m.msg}" for m in problems))
-        limit = connection_limit(alias)
-        if limit is not None and options["concurrency"] > limit:
-            raise CommandError(
-                f"--concurrency {options['concurrency']} needs at least as many connections "
-                f"to the jobs database; its server accepts {limit} (max_connections)."
-            )
-        # The slots' connections and the control threads' one (control.py) come
-        # from Django's pool when there is one; the LISTEN connection does not.
-        needed, size = options["concurrency"] + 1, pool_size(alias)
-        if size is not None and size < needed:
-            raise CommandError(
-                f"--concurrency {options['concurrency']} needs {needed} connections from "
-                f"Django's connection pool for database {alias!r}, which lends at most {size}: "
-                f"set OPTIONS['pool'] = {{'max_size': {needed}}} or more, or lower --concurrency."
-            )
+        slots = self._concurrency(options["concurrency"], alias)
         if options["metrics_port"] is not None:
             self._serve_metrics(options["metrics_port"], options["metrics_addr"])
         pools = options["pools"] or ["default"]
         warn_of_pools_without_handlers(pools)
         worker = Worker(
             pools,
-            concurrency=options["concurrency"],
+            concurrency=slots,
             burst=options["burst"],
             max_runs=options["max_runs"],
             poll_interval=options["poll_interval"],
@@ -146,11 +135,32 @@ class Command(JobsCommand):
             if "can't start new thread" not in str(exc):
                 raise
             raise CommandError(
-                f"the worker could not start its threads ({exc}); lower --concurrency "
-                f"({options['concurrency']})."
+                f"the worker could not start its threads ({exc}); lower --concurrency ({slots})."
             ) from exc
         if code:
             sys.exit(code)
+
+    def _concurrency(self, requested: int | None, alias: str) -> int:
+        """The slots to run: --concurrency, refused when the server or Django's pool
+        cannot serve it; without the flag, the default, capped to what they can."""
+        limit, size = connection_limit(alias), pool_size(alias)
+        # The slots' connections and the control threads' one (control.py) come
+        # from Django's pool when there is one; the LISTEN connection does not.
+        if requested is None:
+            requested = default_concurrency(alias, limit, size)
+        if limit is not None and requested > limit:
+            raise CommandError(
+                f"--concurrency {requested} needs at least as many connections "
+                f"to the jobs database; its server accepts {limit} (max_connections)."
+            )
+        needed = requested + 1
+        if size is not None and size < needed:
+            raise CommandError(
+                f"--concurrency {requested} needs {needed} connections from "
+                f"Django's connection pool for database {alias!r}, which lends at most {size}: "
+                f"set OPTIONS['pool'] = {{'max_size': {needed}}} or more, or lower --concurrency."
+            )
+        return requested
 
     def _serve_metrics(self, port: int, addr: str) -> None:
         try:
@@ -168,3 +178,31 @@ class Command(JobsCommand):
         root.setLevel(VERBOSITY_LEVELS.get(verbosity, logging.DEBUG))
         if not root.handlers and not logging.getLogger().handlers:
             root.addHandler(BurstHandler(sys.stderr))
+
+
+def default_concurrency(alias: str, limit: int | None, size: int | None) -> int:
+    """``DEFAULT_CONCURRENCY``, lowered (in one INFO line) to what Django's connection
+    pool (which also lends the control threads' connection) or the server can serve."""
+    by_pool = DEFAULT_CONCURRENCY if size is None else max(1, size - 1)
+    by_server = DEFAULT_CONCURRENCY if limit is None else limit
+    slots = min(DEFAULT_CONCURRENCY, by_pool, by_server)
+    if slots == by_pool < DEFAULT_CONCURRENCY:
+        logger.info(
+            "concurrency=%d default=%d database=%s pool_max_size=%s: the worker takes "
+            "concurrency + 1 connections from Django's pool; give the pool more or "
+            "pass --concurrency",
+            slots,
+            DEFAULT_CONCURRENCY,
+            alias,
+            size,
+        )
+    elif slots < DEFAULT_CONCURRENCY:
+        logger.info(
+            "concurrency=%d default=%d database=%s max_connections=%s: the server "
+            "accepts no more connections",
+            slots,
+            DEFAULT_CONCURRENCY,
+            alias,
+            limit,
+        )
+    return slots
