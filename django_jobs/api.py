@@ -22,7 +22,7 @@ from .exceptions import InvalidJobInput, InvalidTransition, RunNotFound, SyncOnl
 from .models import TERMINAL_STATUSES, JobRun, JobStep, Status
 from .names import pool_problem
 from .notify import notify_pools
-from .payloads import normalize, to_json
+from .payloads import control_problem, normalize, to_json
 from .registry import JobHandler, get_handler
 
 RETRYABLE_STATUSES = frozenset({Status.FAILED, Status.TIMED_OUT, Status.CANCELED})
@@ -229,8 +229,8 @@ def cancel(
     refused with ``RunNotFound``.
     """
     reason = _text("reason", reason, MAX_REASON) or "canceled"
-    if any(not c.isprintable() for c in reason):
-        raise InvalidJobInput("reason contains a control character")
+    if (problem := control_problem(reason)) is not None:
+        raise InvalidJobInput(f"reason {problem}")
     using = conf.get().DATABASE
     with transaction.atomic(using=using):
         run = _locked(run_id, tenant_id, parent_first=True)

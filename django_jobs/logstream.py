@@ -15,9 +15,16 @@ import threading
 import time
 from typing import TextIO
 
+from .payloads import terminal_safe
+
 
 class LineFormatter(logging.Formatter):
-    """``asctime levelname name message``, with the time text made once per second."""
+    """``asctime levelname name message``, with the time text made once per second.
+
+    A line may quote what a caller filled (a job type, an error message raised
+    over a hostile input): its control characters are written as escapes, so
+    that no run can drive the terminal or forge a line of the worker's log.
+    """
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -30,6 +37,14 @@ class LineFormatter(logging.Formatter):
             self._stamp = time.strftime("%Y-%m-%d %H:%M:%S", self.converter(record.created))
             self._second = second
         return f"{self._stamp},{int(record.msecs):03d}"
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return terminal_safe(super().formatMessage(record))
+
+    def formatException(self, ei: logging._SysExcInfoType) -> str:
+        # A traceback's own line breaks stay; each of its lines is escaped.
+        lines = super().formatException(ei).split("\n")
+        return "\n".join(terminal_safe(line) for line in lines)
 
 
 class BurstHandler(logging.Handler):

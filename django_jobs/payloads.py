@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import unicodedata
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
@@ -86,10 +87,33 @@ def finite(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
+def is_control(char: str) -> bool:
+    """Whether ``char`` is not text: a control, format or line-breaking character.
+
+    ESC and BEL start the sequences that retitle, clear or recolour a terminal, a
+    newline forges a line of output, a bidirectional override reorders what is
+    shown. The spaces of every script (a no-break space, an ideographic space) are
+    text: French typing puts a no-break space before a colon.
+    """
+    return not char.isprintable() and unicodedata.category(char) != "Zs"
+
+
+def control_problem(text: str) -> str | None:
+    """Why ``text`` cannot be a one-line note shown to operators (a pause or cancel
+    reason), or None; the message names the first control character and where it is."""
+    for position, char in enumerate(text):
+        if is_control(char):
+            return (
+                f"contains a control character ({repr(char)[1:-1]} at position {position}); "
+                "write it as one line of plain text"
+            )
+    return None
+
+
 def terminal_safe(text: str) -> str:
     """``text`` with every character a terminal would act on written as an escape
     (``\\x1b``, ``\\u202e``): for command output that shows stored names and messages."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return "".join(repr(c)[1:-1] if is_control(c) else c for c in text)
 
 
 def printable(text: Any, limit: int = 1000) -> str:

@@ -21,6 +21,7 @@ from . import conf
 from .models import JobPool, JobRun, Status, Worker, WorkerStatus
 from .names import pool_problem as pool_problem  # re-exported for the admin and backend
 from .notify import notify_pools
+from .payloads import control_problem
 
 logger = logging.getLogger(__name__)
 
@@ -33,10 +34,9 @@ def reason_problem(reason: object) -> str | None:
         return "is not a string"
     if len(reason) > MAX_PAUSE_REASON:
         return f"is longer than {MAX_PAUSE_REASON} characters"
-    if any(not c.isprintable() for c in reason):
-        # A terminal would act on them when jobstatus or jobpool list prints it.
-        return "contains a control character"
-    return None
+    # Control characters: a terminal would act on them when jobstatus or
+    # jobpool list prints the reason.
+    return control_problem(reason)
 
 
 def _checked(name: object) -> str:

@@ -7,6 +7,10 @@ its job type is the task's module path, its pool the task's queue name, its
 input ``{"args": [...], "kwargs": {...}}``, and its trigger ``("task", alias)``.
 A worker serving that pool finds the task by its module path (``resolve_task``)
 and runs it like any job: attempts, leases, rescue, timeouts, cancellation.
+
+A result's id is its run's id signed with ``SECRET_KEY`` (``"42:…"``): short and
+stored nowhere, yet a caller holding one result cannot read another's by counting.
+``run_id()`` turns a result id back into the run's id.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from django.apps import apps
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
+from django.core.signing import BadSignature, Signer
 from django.utils.module_loading import import_string
 
 from . import api, conf
@@ -51,6 +56,9 @@ logger = logging.getLogger(__name__)
 
 # JobRun.trigger_source of the runs this backend enqueues; trigger_ref is the alias.
 TASK_SOURCE = "task"
+# Result ids are signed with this salt, so that no other signature of the
+# project's (a session, a password reset) can pass for one.
+RESULT_ID_SALT = "django_jobs.tasks_backend.result-id"
 
 STATUSES = {
     Status.PENDING: TaskResultStatus.READY,
@@ -115,13 +123,9 @@ class JobsBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
         return result
 
     def get_result(self, result_id: str) -> AnyResult:
-        text = str(result_id)
-        # Run ids are bigints, written without leading zeros; anything else names no run.
-        if not (text.isascii() and text.isdigit() and str(int(text)) == text and int(text) < 2**63):
-            raise TaskResultDoesNotExist(result_id)
         run = (
             JobRun.objects.using(conf.get().DATABASE)
-            .filter(pk=int(text), trigger_source=TASK_SOURCE, trigger_ref=self.alias)
+            .filter(pk=run_id(result_id), trigger_source=TASK_SOURCE, trigger_ref=self.alias)
             .first()
         )
         if run is None:
@@ -132,7 +136,7 @@ class JobsBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
         """The ``TaskResult`` of a task's run, as stored now."""
         result = TaskResult(
             task=self._task_of(run),
-            id=str(run.pk),
+            id=result_id(run.pk),
             status=STATUSES[Status(run.status)],
             enqueued_at=run.created_at,
             # One column holds the latest attempt's start, as in django-tasks-db.
@@ -198,6 +202,28 @@ class JobsBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
                 )
             )
         return messages
+
+
+def result_id(run_id: int) -> str:
+    """The id of the task result of run ``run_id``: the run's id, signed."""
+    return Signer(salt=RESULT_ID_SALT).sign(str(run_id))
+
+
+def run_id(result_id: str) -> int:
+    """The id of the run behind a task result id (for ``cancel()``, ``retry()``, the admin).
+
+    Raises ``TaskResultDoesNotExist`` for an id that was not signed with this
+    project's ``SECRET_KEY`` or one of its ``SECRET_KEY_FALLBACKS``: a forged,
+    tampered or bare run id reads exactly like a missing one.
+    """
+    try:
+        text = Signer(salt=RESULT_ID_SALT).unsign(str(result_id))
+    except BadSignature:
+        raise TaskResultDoesNotExist(result_id) from None
+    # Run ids are bigints, written without leading zeros; anything else names no run.
+    if not (text.isascii() and text.isdigit() and str(int(text)) == text and int(text) < 2**63):
+        raise TaskResultDoesNotExist(result_id)
+    return int(text)
 
 
 def _validate_options(task: JobsTask) -> None:

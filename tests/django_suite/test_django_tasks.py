@@ -39,7 +39,7 @@ from django.test import TestCase, override_settings
 from django.utils import timezone
 
 from django_jobs.models import JobRun
-from django_jobs.tasks_backend import JobsBackend
+from django_jobs.tasks_backend import JobsBackend, run_id
 from django_jobs.testing import drain
 from tests.django_suite.fetch import django_tests_dir
 
@@ -218,7 +218,7 @@ class JobsAsDummyTestCase(
     def test_clear(self) -> None:
         result = django_tasks.noop_task.enqueue()
         default_task_backend.get_result(result.id)
-        JobRun.objects.filter(pk=int(result.id)).delete()
+        JobRun.objects.filter(pk=run_id(result.id)).delete()
         with self.assertRaisesMessage(TaskResultDoesNotExist, result.id):
             default_task_backend.get_result(result.id)
 

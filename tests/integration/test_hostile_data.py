@@ -141,13 +141,14 @@ def test_a_forged_job_type_imports_nothing_outside_the_projects_tasks(job_type: 
 @pytest.mark.django_db(transaction=True)
 def test_a_task_of_an_installed_app_still_runs_from_its_path() -> None:
     from django_jobs.registry import _resolved
+    from django_jobs.tasks_backend import run_id
     from django_jobs.testing import drain
     from tests.testapp.tasks import add
 
     result = add.enqueue(2, 3)
     _resolved.pop("tests.testapp.tasks.add", None)  # resolved again from the row's path
     drain()
-    run = JobRun.objects.get(pk=int(result.id))
+    run = JobRun.objects.get(pk=run_id(result.id))
     assert (run.job_type, run.status, run.output) == ("tests.testapp.tasks.add", "completed", 5)
 
 

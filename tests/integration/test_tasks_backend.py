@@ -14,6 +14,7 @@ from typing import Any
 import django
 import pytest
 from asgiref.sync import async_to_sync
+from django.conf import settings
 from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
@@ -23,7 +24,7 @@ from django_jobs.exceptions import JobCanceled, JobTimeout, WorkerLost
 from django_jobs.execution import execute
 from django_jobs.models import JobRun, Status, Worker
 from django_jobs.signals import run_failed
-from django_jobs.tasks_backend import JobsBackend, JobsTask
+from django_jobs.tasks_backend import JobsBackend, JobsTask, run_id
 from django_jobs.tasks_compat import (
     InvalidTask,
     TaskResultDoesNotExist,
@@ -77,7 +78,7 @@ def finished(result: Any) -> Any:
 def test_enqueue_inserts_a_run_in_the_callers_transaction() -> None:
     with transaction.atomic():
         result = tasks.echo.enqueue(1, "two", three=[3])
-        run = JobRun.objects.get(pk=int(result.id))
+        run = JobRun.objects.get(pk=run_id(result.id))
     assert (run.job_type, run.pool, run.priority) == ("tests.testapp.tasks.echo", "tasks", 5)
     assert (run.trigger_source, run.trigger_ref) == ("task", "default")
     assert run.input == {"args": [1, "two"], "kwargs": {"three": [3]}}
@@ -99,7 +100,7 @@ def test_enqueue_inserts_a_run_in_the_callers_transaction() -> None:
 
 def test_successful_result(events: list[Any]) -> None:
     result = finished(tasks.add.enqueue(2, 3))
-    run = JobRun.objects.get(pk=int(result.id))
+    run = JobRun.objects.get(pk=run_id(result.id))
     assert result.status == TaskResultStatus.SUCCESSFUL
     assert result.return_value == 5
     assert result.errors == []
@@ -195,7 +196,7 @@ def test_aenqueue_and_aget_result() -> None:
 
 def test_cancel_of_a_pending_task(events: list[Any]) -> None:
     result = tasks.add.enqueue(1, 1)
-    assert cancel(int(result.id), reason="not needed") == 1
+    assert cancel(run_id(result.id), reason="not needed") == 1
     result.refresh()
     assert result.status == TaskResultStatus.FAILED
     assert result.errors[0].exception_class is JobCanceled
@@ -207,7 +208,7 @@ def test_cancel_of_a_pending_task(events: list[Any]) -> None:
 def test_timeout_of_a_task() -> None:
     result = finished(tasks.too_slow.enqueue())
     assert result.status == TaskResultStatus.FAILED
-    assert JobRun.objects.get(pk=int(result.id)).status == Status.TIMED_OUT
+    assert JobRun.objects.get(pk=run_id(result.id)).status == Status.TIMED_OUT
     assert result.errors[0].exception_class is JobTimeout
 
 
@@ -249,12 +250,12 @@ def test_a_pool_name_with_a_percent_sign_is_claimed() -> None:
     result = tasks.add.using(queue_name="50%").enqueue(1, 2)
     worker = claims.register_worker("w", 1, ["50%"], 1)
     (claim,) = claims.claim_batch(worker.pk, ["50%"], 1)
-    assert claim.run_id == int(result.id)
+    assert claim.run_id == run_id(result.id)
 
 
 def test_manual_retry_of_a_failed_task() -> None:
     result = finished(tasks.boom.enqueue("once"))
-    run = retry(int(result.id))
+    run = retry(run_id(result.id))
     assert run.worker_ids == []
     result.refresh()
     assert (result.status, result.attempts) == (TaskResultStatus.READY, 0)
@@ -264,7 +265,7 @@ def test_run_after_defers_the_run() -> None:
     later = timezone.now() + timedelta(minutes=5)
     result = tasks.add.using(run_after=later).enqueue(1, 2)
     assert drain() == 0
-    assert JobRun.objects.get(pk=int(result.id)).run_at == later
+    assert JobRun.objects.get(pk=run_id(result.id)).run_at == later
     assert result.task.run_after == later
     assert tasks.add.get_result(result.id) == result
 
@@ -272,8 +273,8 @@ def test_run_after_defers_the_run() -> None:
 def test_priority_orders_the_runs(events: list[Any]) -> None:
     low = tasks.add.using(priority=-10).enqueue(0, 0)
     high = tasks.add.using(priority=10).enqueue(0, 0)
-    runs = JobRun.objects.filter(pk__in=[int(low.id), int(high.id)])
-    assert dict(runs.values_list("id", "priority")) == {int(low.id): -10, int(high.id): 10}
+    runs = JobRun.objects.filter(pk__in=[run_id(low.id), run_id(high.id)])
+    assert dict(runs.values_list("id", "priority")) == {run_id(low.id): -10, run_id(high.id): 10}
     drain()
     started = [result_id for name, _, result_id, _ in events if name == "started"]
     assert started == [high.id, low.id]
@@ -281,16 +282,51 @@ def test_priority_orders_the_runs(events: list[Any]) -> None:
 
 def test_concurrency_key_from_the_tasks_arguments() -> None:
     result = tasks.debit.enqueue(7, amount=100)
-    assert JobRun.objects.get(pk=int(result.id)).concurrency_key == "account:7"
+    assert JobRun.objects.get(pk=run_id(result.id)).concurrency_key == "account:7"
 
 
 def test_get_result_of_what_is_not_a_task_run() -> None:
     job_run = start("tests.noop")
     real = tasks.add.enqueue(1, 1).id
     assert tasks.add.get_result(real).id == real
-    for result_id in [str(job_run.pk), "nope", "-1", "9" * 30, "12345678", f"0{real}"]:
+    number, _, signature = real.partition(":")
+    for result_id in [
+        str(job_run.pk),
+        number,  # a bare run id
+        "nope",
+        "-1",
+        "9" * 30,
+        f"0{real}",
+        f"{number}:{signature[:-1]}",
+        f"{number}:",
+        f"{number}:{signature}:{signature}",
+    ]:
         with pytest.raises(TaskResultDoesNotExist):
             tasks.add.get_result(result_id)
+
+
+def test_a_result_id_cannot_be_guessed_from_another() -> None:
+    """Sequential run ids made get_result(str(int(id) - 1)) read the caller before."""
+    theirs = tasks.add.enqueue(1, 1)
+    mine = tasks.add.enqueue(2, 2)
+    assert run_id(mine.id) == run_id(theirs.id) + 1
+    signature = mine.id.partition(":")[2]
+    for forged in (str(run_id(theirs.id)), f"{run_id(theirs.id)}:{signature}"):
+        with pytest.raises(TaskResultDoesNotExist) as missing:
+            tasks.add.get_result(forged)
+        assert missing.value.args == (forged,)  # exactly as for a missing result
+    assert tasks.add.get_result(theirs.id).args == [1, 1]  # its holder still reads it
+
+
+def test_result_ids_survive_a_secret_key_rotation_with_fallbacks() -> None:
+    result = tasks.add.enqueue(1, 1)
+    rotated = {"SECRET_KEY": "a-new-key-" * 5, "SECRET_KEY_FALLBACKS": [settings.SECRET_KEY]}
+    with override_settings(**rotated):
+        found = tasks.add.get_result(result.id)
+        assert run_id(found.id) == run_id(result.id)  # signed with the new key from now on
+    forgotten = {"SECRET_KEY": "a-new-key-" * 5, "SECRET_KEY_FALLBACKS": []}
+    with override_settings(**forgotten), pytest.raises(TaskResultDoesNotExist):
+        tasks.add.get_result(result.id)
 
 
 def test_task_options_are_validated() -> None:

@@ -10,6 +10,7 @@ import pytest
 from django_jobs import cancel
 from django_jobs.exceptions import JobCanceled
 from django_jobs.models import JobRun, Status, Worker
+from django_jobs.tasks_backend import run_id
 from django_jobs.tasks_compat import TaskResultStatus
 from tests.helpers import WorkerProcess, wait_until
 from tests.testapp import tasks
@@ -21,7 +22,7 @@ StartWorker = Callable[..., WorkerProcess]
 
 
 def status_of(result_id: str) -> str:
-    return JobRun.objects.values_list("status", flat=True).get(pk=int(result_id))
+    return JobRun.objects.values_list("status", flat=True).get(pk=run_id(result_id))
 
 
 def test_a_task_whose_worker_is_killed_is_rescued_and_run_again(
@@ -29,7 +30,7 @@ def test_a_task_whose_worker_is_killed_is_rescued_and_run_again(
 ) -> None:
     result = tasks.nap.enqueue(seconds=1.5)  # its policy allows two attempts
     victim = start_worker("--pool", "tasks")
-    wait_until(lambda: Execution.objects.filter(run_id=int(result.id)).exists())
+    wait_until(lambda: Execution.objects.filter(run_id=run_id(result.id)).exists())
     victim.signal(signal.SIGKILL)
     victim.wait(timeout=10)
     start_worker("--pool", "tasks")
@@ -40,7 +41,7 @@ def test_a_task_whose_worker_is_killed_is_rescued_and_run_again(
     assert result.return_value == 2  # the attempt its TaskContext reported
     first, second = Worker.objects.order_by("started_at").values_list("id", flat=True)
     assert result.worker_ids == [str(first), str(second)]
-    attempts = Execution.objects.filter(run_id=int(result.id)).values_list("attempt", flat=True)
+    attempts = Execution.objects.filter(run_id=run_id(result.id)).values_list("attempt", flat=True)
     assert sorted(attempts) == [1, 2]
 
 
@@ -49,8 +50,8 @@ def test_a_running_task_that_never_checks_is_canceled_after_the_grace(
 ) -> None:
     result = tasks.nap.enqueue(seconds=4)
     worker = start_worker("--pool", "tasks", DJANGO_JOBS_CANCEL_GRACE="0.5")
-    wait_until(lambda: Execution.objects.filter(run_id=int(result.id)).exists())
-    assert cancel(int(result.id), reason="operator") == 1
+    wait_until(lambda: Execution.objects.filter(run_id=run_id(result.id)).exists())
+    assert cancel(run_id(result.id), reason="operator") == 1
     wait_until(lambda: status_of(result.id) == Status.CANCELED, timeout=15)
     result.refresh()
     assert result.status == TaskResultStatus.FAILED

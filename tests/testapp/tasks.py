@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from django_jobs import RetryPolicy
+from django_jobs.tasks_backend import run_id as run_id_of
 from django_jobs.tasks_compat import TaskContext, task
 
 from .models import Execution
@@ -69,7 +70,7 @@ def debit(account: int, amount: int) -> int:
 def nap(context: TaskContext, seconds: float) -> int:
     """Records the attempt, then sleeps: the process tests kill or cancel it mid-way."""
     Execution.objects.create(
-        run_id=int(context.task_result.id),
+        run_id=run_id_of(context.task_result.id),
         job_type="nap",
         attempt=context.attempt,
         pid=os.getpid(),
