@@ -65,15 +65,35 @@ class ControlConnection:
             self.wrapper.dec_thread_sharing()
 
     def __enter__(self) -> ControlConnection:
+        self.enter()
+        return self
+
+    def enter(self, timeout: float = -1) -> bool:
+        """Take the connection, waiting at most ``timeout`` seconds (for ever when
+        negative); whether it was taken. ``__exit__`` gives it back."""
         me = threading.get_ident()
         if self._owner == me:
             self._depth += 1
-            return self
-        self._lock.acquire()
+            return True
+        if not self._lock.acquire(timeout=timeout):
+            return False
         self._owner, self._depth = me, 1
         _held.control = self
         self._prepare()
-        return self
+        return True
+
+    @contextmanager
+    def aside(self) -> Iterator[None]:
+        """A connection of the calling thread's own for the block, closed after it:
+        for a heartbeat that must not wait behind an operation holding the shared
+        one (a slow signal receiver), at the cost of one more connection meanwhile."""
+        own = connections.create_connection(self.alias)
+        connections[self.alias] = own
+        try:
+            yield
+        finally:
+            own.close()
+            connections[self.alias] = self.wrapper
 
     def __exit__(
         self,

@@ -98,6 +98,7 @@ class Worker:
         self.finished = 0
         # Created by run(): the connection the control threads share.
         self._control: ControlConnection | None = None
+        self._beat_aside = False  # a heartbeat had to be written apart (logged once)
 
     # --- lifecycle ----------------------------------------------------------------
 
@@ -372,7 +373,7 @@ class Worker:
         self._adopt()
         while True:
             status = WorkerStatus.STOPPING if self.stopping.is_set() else WorkerStatus.RUNNING
-            if self._quietly(claims.heartbeat, self.worker_id, status) is False:
+            if self._beat(status) is False:
                 # The row was deleted (by hand, or by retention): recreate it, so
                 # claims by this worker satisfy the foreign key again.
                 logger.warning("worker=%s row missing; registering again", self.worker_id)
@@ -385,6 +386,34 @@ class Worker:
             if self.hard_stop.wait(self.heartbeat_interval):
                 break
         self._leave()
+
+    def _beat(self, status: str) -> bool | None:
+        """Write the heartbeat on the shared connection, or, when an operation has
+        held that for half a heartbeat interval (a slow signal receiver), on a
+        connection of its own for this beat."""
+        control = self._control
+        if control is None or control.enter(timeout=self.heartbeat_interval / 2):
+            self._beat_aside = False
+            try:
+                return self._quietly(claims.heartbeat, self.worker_id, status)
+            finally:
+                if control is not None:
+                    control.__exit__(None, None, None)
+        if not self._beat_aside:
+            logger.warning(
+                "worker=%s the control connection was busy for %.1fs; the heartbeat is "
+                "written on a connection of its own while it stays busy (a slow signal "
+                "receiver?)",
+                self.worker_id,
+                self.heartbeat_interval / 2,
+            )
+        self._beat_aside = True
+        with control.aside():
+            try:
+                return claims.heartbeat(self.worker_id, status)  # type: ignore[arg-type]
+            except DatabaseError as exc:
+                logger.warning("worker=%s database error: %s", self.worker_id, exc)
+                return None
 
     def _watchdog_loop(self) -> None:
         """Every tick: enforce timeouts and cancel grace, wake sleepers; every

@@ -258,6 +258,34 @@ def test_a_lock_wait_in_the_watchdog_does_not_stop_the_heartbeat(settings: Any) 
     assert swept["value"] == (0, 0), f"rescued a live worker's runs; long run is {long_status}"
 
 
+@pytest.mark.django_db(transaction=True)
+def test_the_heartbeat_goes_on_while_the_shared_connection_is_held(
+    settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A control thread may hold the shared connection long (a slow signal
+    receiver runs under it): the heartbeat is then written on its own."""
+    from django.db.models import F
+    from django.db.models.functions import Now
+
+    stale_after = settings.DJANGO_JOBS["STALE_THRESHOLD"]
+    with worker_in_thread(["review"], concurrency=1) as worker:
+        wait_until(lambda: worker._control is not None)
+        control = worker._control
+        assert control is not None
+        assert control.enter()
+        try:
+            time.sleep(stale_after + 1.5)
+            age = (
+                Worker.objects.annotate(age=Now() - F("heartbeat_at"))
+                .values_list("age", flat=True)
+                .get(pk=worker.worker_id)
+            )
+        finally:
+            control.__exit__(None, None, None)
+    assert age.total_seconds() < stale_after, age
+    assert "the control connection was busy" in caplog.text
+
+
 # --- rule 10: cascade=False means the same thing for running and waiting runs ------------
 
 
