@@ -395,7 +395,7 @@ class Worker:
         if control is None or control.enter(timeout=self.heartbeat_interval / 2):
             self._beat_aside = False
             try:
-                return self._quietly(claims.heartbeat, self.worker_id, status)
+                return self._logged(claims.heartbeat, self.worker_id, status)
             finally:
                 if control is not None:
                     control.__exit__(None, None, None)
@@ -409,11 +409,7 @@ class Worker:
             )
         self._beat_aside = True
         with control.aside():
-            try:
-                return claims.heartbeat(self.worker_id, status)  # type: ignore[arg-type]
-            except DatabaseError as exc:
-                logger.warning("worker=%s database error: %s", self.worker_id, exc)
-                return None
+            return self._logged(claims.heartbeat, self.worker_id, status)
 
     def _watchdog_loop(self) -> None:
         """Every tick: enforce timeouts and cancel grace, wake sleepers; every
@@ -529,12 +525,17 @@ class Worker:
         """Call ``fn(*args)`` on the control connection; log a database error
         instead of raising (the loop goes on)."""
         with self._shared():
-            try:
-                return fn(*args)
-            except DatabaseError as exc:
-                logger.warning("worker=%s database error: %s", self.worker_id, exc)
-                discard_broken_connections()
-                return None
+            return self._logged(fn, *args)
+
+    def _logged(self, fn: Callable[..., T], *args: Any) -> T | None:
+        """Call ``fn(*args)`` on this thread's connection as it is; log a database
+        error instead of raising."""
+        try:
+            return fn(*args)
+        except DatabaseError as exc:
+            logger.warning("worker=%s database error: %s", self.worker_id, exc)
+            discard_broken_connections()
+            return None
 
 
 def _timeout_of(claim: Claim) -> float | None:

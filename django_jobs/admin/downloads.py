@@ -48,13 +48,10 @@ class DownloadsMixin:
 
     def run_payload_view(self, request: HttpRequest, object_id: str, field: str) -> HttpResponse:
         run_id = self._viewable_run(request, object_id, field, RUN_FIELDS)
-        value = (
-            JobRun.objects.using(conf.get().DATABASE)
-            .filter(pk=run_id)
-            .values_list(field, flat=True)
-            .first()
-        )
-        return _attachment(value, f"run-{run_id}-{field}.json")
+        values = JobRun.objects.using(conf.get().DATABASE).filter(pk=run_id).values_list(field)
+        if not values:
+            raise Http404("no such run")
+        return _attachment(values[0][0], f"run-{run_id}-{field}.json")
 
     def step_payload_view(
         self, request: HttpRequest, object_id: str, step: int, field: str
@@ -74,15 +71,13 @@ class DownloadsMixin:
     def _viewable_run(
         self, request: HttpRequest, object_id: str, field: str, fields: tuple[str, ...]
     ) -> int:
-        """The run's id, after the checks the run page itself makes."""
+        """The run's id, after the checks the run page itself makes (the caller
+        finds the run, or answers 404)."""
         if not self.has_view_permission(request):  # type: ignore[attr-defined]
             raise PermissionDenied
         if field not in fields or not _an_id(object_id):
             raise Http404("no such value")
-        run_id = int(object_id)
-        if not JobRun.objects.using(conf.get().DATABASE).filter(pk=run_id).exists():
-            raise Http404("no such run")
-        return run_id
+        return int(object_id)
 
 
 def _an_id(text: str) -> bool:
