@@ -11,21 +11,18 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
-from django.db.models.base import ModelState
-from django.db.models.expressions import DatabaseDefault
 from django.db.models.functions import Now
-from django.db.models.signals import post_init, pre_init
 from django.utils import timezone
 
-from . import conf, lifecycle
-from .exceptions import InvalidJobInput, InvalidTransition, RunNotFound, SyncOnlyCall
-from .models import TERMINAL_STATUSES, JobRun, JobStep, Status
+from . import conf, transitions
+from .exceptions import InvalidJobInput, RunNotFound, SyncOnlyCall
+from .models import JobRun, Status
 from .names import pool_problem
-from .notify import notify_pools
 from .payloads import control_problem, normalize, to_json
 from .registry import JobHandler, get_handler
+from .storage import vendors
+from .storage.notify import notify_pools
 
-RETRYABLE_STATUSES = frozenset({Status.FAILED, Status.TIMED_OUT, Status.CANCELED})
 PRIORITY_MIN = -32768
 PRIORITY_MAX = 32767
 MAX_TAGS = 50  # each at most 100 characters: tags are for finding runs, not for data
@@ -125,77 +122,12 @@ def start_many(job_type: str, inputs: Iterable[Any], **options: Any) -> list[Job
     if not data:
         return []
     using = conf.get().DATABASE
-    if connections[using].vendor != "postgresql":
-        runs = [_copy(template, value, key) for value, key in zip(data, keys, strict=True)]
-        return JobRun.objects.using(using).bulk_create(runs)
-    return _insert_many(using, template, texts, data, keys)
-
-
-def _insert_many(
-    using: str, template: JobRun, texts: list[str], data: list[Any], keys: list[str | None]
-) -> list[JobRun]:
-    """One ``INSERT ... SELECT FROM unnest(...)``: the runs differ only in input and key.
-
-    Returns the runs as if loaded from the database. The ids come back as one
-    array and the time of the statement once, not as a row per run: reading
-    20,000 timestamps costs more than inserting the rows.
-    """
     connection = connections[using]
-    quote = connection.ops.quote_name
-    columns: list[str] = []
-    values: list[str] = []
-    params: list[Any] = []
-    now_columns = []  # columns whose database default is the statement's time
-    for field in JobRun._meta.concrete_fields:
-        if field.primary_key:
-            continue
-        columns.append(quote(str(field.column)))
-        value = getattr(template, field.attname)
-        if field.attname in ("input", "concurrency_key"):
-            values.append(f"v.{field.attname}")
-        elif isinstance(value, DatabaseDefault):
-            # Now() is JobRun's only database default.
-            assert isinstance(value.get_source_expressions()[0], Now), value
-            now_columns.append(field.attname)
-            values.append("STATEMENT_TIMESTAMP()")
-        else:
-            values.append(f"%s::{field.cast_db_type(connection) or 'text'}")
-            params.append(field.get_db_prep_save(value, connection))
-    statement = (
-        f"WITH inserted AS (INSERT INTO {quote(JobRun._meta.db_table)} ({', '.join(columns)}) "
-        f"SELECT {', '.join(values)} "
-        "FROM unnest(%s::jsonb[], %s::text[]) WITH ORDINALITY AS v(input, concurrency_key, n) "
-        "ORDER BY v.n RETURNING id) "
-        # Ids come from a sequence in insertion order, so sorted they match the inputs.
-        "SELECT array_agg(id ORDER BY id), STATEMENT_TIMESTAMP() FROM inserted"
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(statement, [*params, texts, keys])
-        ids, now = cursor.fetchone()
-    fields = {
-        field.attname: getattr(template, field.attname) for field in JobRun._meta.concrete_fields
-    }
-    fields.update(dict.fromkeys(now_columns, now))
-    return [
-        _loaded(using, {**fields, "id": run_id, "input": value, "concurrency_key": key})
-        for run_id, value, key in zip(ids, data, keys, strict=True)
-    ]
-
-
-def _loaded(using: str, fields: dict[str, Any]) -> JobRun:
-    """A JobRun as ``Model.from_db`` builds it, without the per-field ``__init__``.
-
-    ``from_db`` costs more than the INSERT itself for large batches; it is used
-    only when something listens to ``pre_init`` or ``post_init`` for JobRun.
-    """
-    if pre_init.has_listeners(JobRun) or post_init.has_listeners(JobRun):
-        return JobRun.from_db(using, list(fields), list(fields.values()))
-    run = JobRun.__new__(JobRun)
-    run.__dict__.update(fields)
-    run._state = ModelState()
-    run._state.adding = False
-    run._state.db = using
-    return run
+    inserted = vendors.of(connection).insert_runs(connection, template, texts, data, keys)
+    if inserted is not None:
+        return inserted
+    runs = [_copy(template, value, key) for value, key in zip(data, keys, strict=True)]
+    return JobRun.objects.using(using).bulk_create(runs)
 
 
 def _copy(template: JobRun, data: Any, key: str | None) -> JobRun:
@@ -231,19 +163,7 @@ def cancel(
     reason = _text("reason", reason, MAX_REASON) or "canceled"
     if (problem := control_problem(reason)) is not None:
         raise InvalidJobInput(f"reason {problem}")
-    using = conf.get().DATABASE
-    with transaction.atomic(using=using):
-        run = _locked(run_id, tenant_id, parent_first=True)
-        if run.status in TERMINAL_STATUSES:
-            return 0
-        if run.status == Status.RUNNING:
-            return lifecycle.request_cancel([run.pk], reason, cascade=cascade)
-        count = len(lifecycle.cancel_now([run.pk], reason))
-        if cascade:
-            count += lifecycle.close_children([run.pk], reason=f"parent run {run.pk} canceled")
-        if run.parent_id is not None:
-            lifecycle.wake_parent(run.parent_id)
-    return count
+    return transitions.cancel(run_id, reason, cascade=cascade, tenant_id=tenant_id)
 
 
 def retry(run_id: int, *, reset_steps: bool = False, tenant_id: str | None = None) -> JobRun:
@@ -251,40 +171,14 @@ def retry(run_id: int, *, reset_steps: bool = False, tenant_id: str | None = Non
 
     Completed steps stay recorded and replay, unless ``reset_steps``.
     """
-    using = conf.get().DATABASE
-    with transaction.atomic(using=using):
-        run = _locked(run_id, tenant_id)
-        if run.status not in RETRYABLE_STATUSES:
-            raise InvalidTransition(
-                f"run {run.pk} is {run.status}; "
-                "only failed, timed-out or canceled runs can be retried"
-            )
-        JobRun.objects.using(using).filter(pk=run.pk, status=run.status).update(
-            status=Status.PENDING,
-            run_at=Now(),
-            attempts=0,
-            worker_ids=[],
-            finished_at=None,
-            cancel_requested_at=None,
-            cancel_reason="",
-            cancel_cascade=True,
-            lease_token=None,
-            claimed_by=None,
-            awaiting=None,
-            progress=None,
-        )
-        if reset_steps:
-            JobStep.objects.using(using).filter(run_id=run.pk).delete()
-        notify_pools([run.pool])
-    run.refresh_from_db(using=using)
-    return run
+    return transitions.retry(run_id, reset_steps=reset_steps, tenant_id=tenant_id)
 
 
 def run_now(run_id: int, *, tenant_id: str | None = None) -> bool:
     """Make a pending run due now (its ``run_at`` set to now); False if it is not pending."""
     using = conf.get().DATABASE
     with transaction.atomic(using=using):
-        run = _locked(run_id, tenant_id)
+        run = transitions.lock_run(run_id, tenant_id)
         changed = (
             JobRun.objects.using(using)
             .filter(pk=run.pk, status=Status.PENDING)
@@ -293,26 +187,6 @@ def run_now(run_id: int, *, tenant_id: str | None = None) -> bool:
         if changed:
             notify_pools([run.pool])
         return bool(changed)
-
-
-def _locked(run_id: int, tenant_id: str | None, *, parent_first: bool = False) -> JobRun:
-    """Return run ``run_id`` locked for update, within ``tenant_id`` when given.
-
-    With ``parent_first``, the run's parent is locked before the run (the
-    ancestors-first order of ``lifecycle``), for changes that may wake it.
-    """
-    if isinstance(run_id, bool) or not isinstance(run_id, int):
-        raise RunNotFound(f"run ids are integers, got {run_id!r}")
-    runs = JobRun.objects.using(conf.get().DATABASE)
-    if parent_first:
-        lifecycle.lock_parent(runs.filter(pk=run_id).values_list("parent_id", flat=True).first())
-    run = runs.select_for_update().filter(pk=run_id).first()
-    if run is None:
-        raise RunNotFound(f"no run with id {run_id}")
-    if tenant_id is not None and run.tenant_id != tenant_id:
-        # The same answer as a missing run: a caller learns nothing of other tenants.
-        raise RunNotFound(f"no run with id {run_id}")
-    return run
 
 
 def _build(

@@ -111,11 +111,12 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage
     """Validate ``DJANGO_JOBS["SCHEDULES"]`` (``@job`` schedules are checked at import)."""
     if not isinstance(conf.merged()["SCHEDULES"], dict):
         return []  # check_settings reports it; the schedules cannot be read
+    from .registry import all_handlers
     from .schedules import settings_problems
 
     return [
         Error(message + ".", hint=SCHEDULE_HINTS[code], id=f"django_jobs.{code}")
-        for code, message in settings_problems()
+        for code, message in settings_problems(all_handlers())
     ]
 
 
@@ -128,10 +129,7 @@ def pool_size(alias: str) -> int | None:
 
 def connection_limit(alias: str) -> int | None:
     """The connections the jobs database's server accepts (PostgreSQL), else None."""
+    from .storage import vendors
+
     connection = connections[alias]
-    if connection.vendor != "postgresql":
-        return None
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT current_setting('max_connections')::int")
-        row = cursor.fetchone()
-    return None if row is None else int(row[0])
+    return vendors.of(connection).connection_limit(connection)

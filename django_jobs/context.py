@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
@@ -16,8 +15,9 @@ from django.db import DatabaseError, connections, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from . import api, claims, conf, lifecycle, steps
-from .claims import Claim
+from . import api, conf, transitions
+from .attempt import Attempt
+from .errors import error_record
 from .exceptions import (
     ChildRunCanceled,
     ChildRunError,
@@ -27,10 +27,11 @@ from .exceptions import (
     InvalidStepOutput,
     JobCanceled,
 )
-from .models import TERMINAL_STATUSES, ClosePolicy, JobRun, Status
+from .models import FINISHED_STATUSES, ClosePolicy, JobRun, Status
 from .payloads import printable, to_json
-from .registry import get_handler
 from .signals import step_completed
+from .storage import leases, steps
+from .storage.claiming import Claim
 
 logger = logging.getLogger("django_jobs.job")
 
@@ -71,7 +72,7 @@ MAX_PROGRESS_MESSAGE = 1000
 MAX_PROGRESS = 1e15
 
 
-def _progress(done: Any, total: Any, message: Any) -> dict[str, Any]:
+def progress_record(done: Any, total: Any, message: Any) -> dict[str, Any]:
     """The progress record, after checking the handler's values."""
     for name, value in (("done", done), ("total", total)):
         if value is None and name == "total":
@@ -105,31 +106,16 @@ class JobContext:
     ``ctx.check_cancel()`` and may report ``ctx.set_progress()``.
     """
 
-    def __init__(self, claim: Claim, *, timeout: float | None = None) -> None:
-        self._claim = claim
-        self.input: Any = claim.row["input"]
-        self.attempt: int = claim.attempt
-        self.started = time.monotonic()
-        self.deadline = None if timeout is None else self.started + timeout
-        self._cancel = False
-        self.cancel_noticed_at: float | None = None
-        # Who writes this attempt's outcome: the handler's thread once the
-        # handler has ended (or suspends), or the worker when it ends the run over
-        # the handler's head (timeout, ignored cancel). Whoever comes first owns it.
-        self._outcome_lock = threading.Lock()
-        self._outcome_owner: str | None = None
-        # Transactions already open when the handler was called (a test's, or
-        # drain() inside one); set by execution. Deeper ones are the handler's.
-        self.atomic_depth = 0
+    def __init__(self, attempt: Attempt) -> None:
+        self._attempt = attempt
+        self._claim = attempt.claim
+        self.input: Any = attempt.claim.input
+        self.attempt: int = attempt.claim.attempt
         self._occurrences: dict[str, int] = {}
         self._seq = 0
         self._steps: dict[str, dict[str, Any]] | None = None
         self._progress_written: tuple[float, dict[str, Any]] | None = None
         self._progress_pending: dict[str, Any] | None = None
-
-    @property
-    def claim(self) -> Claim:
-        return self._claim
 
     @cached_property
     def logger(self) -> logging.LoggerAdapter:  # type: ignore[type-arg]
@@ -142,58 +128,26 @@ class JobContext:
 
     @property
     def job_type(self) -> str:
-        return str(self._claim.row["job_type"])
+        return self._claim.job_type
 
     @cached_property
     def run(self) -> JobRun:
         """The run as claimed (built from the claimed row, without a query)."""
-        return JobRun(**self._claim.row, status=Status.RUNNING, lease_token=self._claim.lease_token)
+        return self._claim.as_run()
 
     def __repr__(self) -> str:
         return f"<JobContext run={self.run_id} type={self.job_type} attempt={self.attempt}>"
-
-    # --- who records the outcome ---------------------------------------------------
-
-    @property
-    def fenced_off(self) -> bool:
-        """True once the worker ended the run over the handler's head."""
-        return self._outcome_owner == "worker"
-
-    def fence_off(self) -> bool:
-        """Worker: take the outcome over. True once; False if the handler's thread
-        has it, or the worker took it already (it ends the run once)."""
-        with self._outcome_lock:
-            if self._outcome_owner is not None:
-                return False
-            self._outcome_owner = "worker"
-            return True
-
-    def own_outcome(self) -> bool:
-        """Handler's thread: take the outcome (again); False if the worker fenced the run off."""
-        with self._outcome_lock:
-            if self._outcome_owner is None:
-                self._outcome_owner = "handler"
-            return self._outcome_owner == "handler"
-
-    def past_deadline(self) -> bool:
-        return self.deadline is not None and time.monotonic() > self.deadline
 
     # --- cancellation -------------------------------------------------------------
 
     @property
     def cancel_requested(self) -> bool:
         """True once the run was asked to cancel (or timed out, or was taken away)."""
-        return self._cancel
-
-    def request_cancel(self) -> None:
-        """Called by the worker when it notices a cancel request for this run."""
-        if not self._cancel:
-            self.cancel_noticed_at = time.monotonic()
-            self._cancel = True
+        return self._attempt.cancel_noticed
 
     def check_cancel(self) -> None:
         """Raise ``JobCanceled`` if the run was asked to cancel; call it in long loops."""
-        if self._cancel:
+        if self._attempt.cancel_noticed:
             raise JobCanceled(f"run {self.run_id} was asked to cancel")
 
     # --- progress -----------------------------------------------------------------
@@ -208,7 +162,7 @@ class JobContext:
         handler returns. An attempt that ends without ending the run (a retry,
         a rescue, a release at shutdown) clears the run's progress.
         """
-        progress = _progress(done, total, message)
+        progress = progress_record(done, total, message)
         now = time.monotonic()
         last = self._progress_written
         if last is not None and not (
@@ -228,7 +182,7 @@ class JobContext:
     def _write_progress(self, progress: dict[str, Any], now: float) -> None:
         self._progress_pending = None
         progress["at"] = timezone.now()
-        if not claims.fenced(self._claim).update(progress=progress):
+        if not leases.write_progress(self._claim, progress):
             raise LeaseLost(f"run {self.run_id} is no longer held by this worker")
         self._progress_written = (now, progress)
 
@@ -293,11 +247,10 @@ class JobContext:
         except (Suspended, LeaseLost):
             raise
         except BaseException as exc:
-            from .execution import error_record, retryable
-
             # Recorded as the run's own error will be, should it be this one.
-            handler = get_handler(self.job_type, resolve=True)
-            error = error_record(exc, self.attempt, retryable=retryable(handler, exc))
+            handler = self._attempt.handler
+            retryable = handler is not None and handler.retryable(exc)
+            error = error_record(exc, self.attempt, retryable=retryable)
             try:
                 steps.record(self._claim, key, seq, error=error, started_at=started)
             except DatabaseError as db_error:
@@ -378,8 +331,8 @@ class JobContext:
         strangers = [i for i in ids if i not in rows or rows[i]["parent_id"] != self.run_id]
         if strangers:
             raise ValueError(f"wait_for() takes children of run {self.run_id}; not: {strangers}")
-        if any(row["status"] not in TERMINAL_STATUSES for row in rows.values()):
-            self._suspend(lifecycle.suspend_for, ids)
+        if any(row["status"] not in FINISHED_STATUSES for row in rows.values()):
+            self._record_wait(transitions.suspend_for, ids)
             raise Suspended(f"run {self.run_id} waits for {len(ids)} runs")
         for run_id in ids:
             row = rows[run_id]
@@ -401,26 +354,26 @@ class JobContext:
         assert until is not None
         if until <= timezone.now():
             return
-        self._suspend(lifecycle.suspend_until, until)
+        self._record_wait(transitions.suspend_until, until)
         raise Suspended(f"run {self.run_id} sleeps until {until.isoformat()}")
 
-    def _suspend(self, suspend: Callable[[Claim, Any], str], arg: Any) -> None:
+    def _record_wait(self, suspend: Callable[[Claim, Any], str], arg: Any) -> None:
         """Record that the run waits; raise if it cannot (canceled, lost, in a transaction)."""
         self.check_cancel()
         connection = connections[conf.get().DATABASE]
-        if len(connection.atomic_blocks) > self.atomic_depth:
+        if len(connection.atomic_blocks) > self._attempt.atomic_depth:
             # Unwinding would roll the suspension back and leave the run running.
             raise RuntimeError(
                 f"run {self.run_id}: ctx.sleep() and ctx.wait_for() cannot be called "
                 "inside transaction.atomic(); call them outside it"
             )
         self.flush_progress()
-        if not self.own_outcome():
-            # The worker ended this attempt (timeout, ignored cancel) and records it.
+        if not self._attempt.own_outcome():
+            # The worker finished this attempt (timeout, ignored cancel) and records it.
             raise LeaseLost(f"run {self.run_id} was ended by its worker")
         outcome = suspend(self._claim, arg)
-        if outcome == lifecycle.CANCEL_REQUESTED:
-            self.request_cancel()
+        if outcome == transitions.CANCEL_REQUESTED:
+            self._attempt.notice_cancel()
             self.check_cancel()
-        if outcome == lifecycle.LOST:
+        if outcome == transitions.LOST:
             raise LeaseLost(f"run {self.run_id} is no longer held by this worker")

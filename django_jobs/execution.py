@@ -1,38 +1,49 @@
-"""Run one claimed run and record its outcome with fenced updates."""
+"""Run one attempt of a claimed run, decide what it came to, and record that.
+
+Three steps, each with one home:
+
+* ``decide`` runs the handler and returns a ``Decision`` (completed with an
+  output, a retry, failed, canceled, timed out; or waiting and lost, which are
+  already settled);
+* ``record`` writes a decision through ``transitions`` (or the worker's
+  ``Completer``), riding out a dropped connection, then sends its signal;
+* ``log_outcome`` writes the one log line per outcome and tells the observers.
+
+``execute`` does the three for a worker's slot and for ``testing.drain``. A
+completion handed to the completer (``Outcome.HANDED_OFF``) is written and
+logged by the completer, through ``record_handed_off``.
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
-import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from enum import StrEnum
-from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
-from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db import DatabaseError, InterfaceError, OperationalError
 from django.db.models.functions import Now
 from django.dispatch import Signal
 from django.utils import timezone
 
-from . import claims, conf, control, lifecycle, signals, tracing
-from .claims import Claim
+from . import signals, tracing, transitions
+from .attempt import Attempt
 from .context import JobContext, LeaseLost, Suspended
-from .exceptions import (
-    InvalidJobInput,
-    InvalidStepOutput,
-    JobCanceled,
-    JobTimeout,
-    UnknownJobType,
-    is_never_retried,
-)
+from .errors import error_record, message_of, safely, storable, type_name
+from .exceptions import InvalidJobInput, JobCanceled, JobTimeout, UnknownJobType
 from .models import JobRun, Status
 from .payloads import normalize
 from .registry import JobHandler, get_handler
+from .storage import control
+from .storage.claiming import Claim
+from .storage.connections import discard_broken_connections, jobs_connection
+
+if TYPE_CHECKING:
+    from .completer import Completer
 
 logger = logging.getLogger(__name__)
 
@@ -45,119 +56,66 @@ class Outcome(StrEnum):
     TIMED_OUT = "timed_out"
     WAITING = "waiting"  # suspended on children or a durable sleep; already recorded
     LOST = "lost"  # the lease was gone when the outcome was written: nothing written
-    QUEUED = "queued"  # a completion handed to the batch writer, which records and logs it
+    # A completion handed to the worker's completer, which writes and logs it.
+    HANDED_OFF = "handed_off"
 
 
-# The run status an outcome ends in, for outcomes that end the run.
-ENDING = {
+# The status a run finishes in, for the outcomes that finish it.
+FINISHED_AS = {
     Outcome.COMPLETED: Status.COMPLETED,
     Outcome.FAILED: Status.FAILED,
     Outcome.CANCELED: Status.CANCELED,
     Outcome.TIMED_OUT: Status.TIMED_OUT,
 }
 
-Write = Callable[[], Outcome]
-
-# How long a stored error's message and traceback may be, in characters. An
-# exception's text is as hostile as any payload (a 50 MB message would make a
-# 100 MB run page); past these, the middle is cut and says how much.
-MAX_ERROR_MESSAGE = 10_000
-MAX_TRACEBACK = 50_000
-
 
 @dataclass(frozen=True)
-class Failure:
-    """A write recording an error (a retry or an unsuccessful end), and that error.
+class Decision:
+    """What an attempt came to, before it is written: the one input of ``record``."""
 
-    The error goes to the outcome's log line (with ``exc_info``, so that error
-    trackers group runs by exception) and to ``run_failed`` / ``run_retry_scheduled``.
-    """
-
-    write: Write
-    error: BaseException
+    outcome: Outcome
+    output: Any = None  # of a completed run
+    error: dict[str, Any] | None = None  # the stored error of a retry or an unsuccessful end
+    # The handler's exception, for the log line (``exc_info``, so that error
+    # trackers group runs by exception) and the signals that carry it.
+    exception: BaseException | None = None
     retry_in: float | None = None  # seconds until the next attempt, for a retry
-
-    def __call__(self) -> Outcome:
-        return self.write()
-
-
-# Takes a completion over: (claim, output, duration) -> None once handed off, or
-# whether the run was written when it had to be written at once.
-HandOff = Callable[[Claim, Any, float], "bool | None"]
-
-
-def error_record(error: BaseException, attempt: int, *, retryable: bool) -> dict[str, Any]:
-    """Describe ``error`` for ``JobRun.error``: type, message, traceback, attempt.
-
-    Never raises, and never returns text the database would refuse: an
-    exception that cannot be printed is described as such.
-    """
-    cls = type(error)
-    message = _safely(lambda: str(error), cls)
-    trace = _safely(lambda: "".join(traceback.format_exception(error)), cls)
-    return {
-        "type": f"{cls.__module__}.{cls.__qualname__}",
-        "message": _storable(clip(message, MAX_ERROR_MESSAGE)),
-        # A traceback's end names the failing line: keep both ends of a long one.
-        "traceback": _storable(clip(trace, MAX_TRACEBACK, tail=MAX_TRACEBACK * 4 // 5)),
-        "attempt": attempt,
-        "retryable": retryable,
-    }
-
-
-def clip(text: str, limit: int, *, tail: int = 0) -> str:
-    """``text`` cut to about ``limit`` characters, saying how much was left out;
-    the last ``tail`` of them are kept from its end."""
-    if len(text) <= limit:
-        return text
-    head = limit - tail
-    dropped = len(text) - head - tail
-    return f"{text[:head]}\n… [{dropped:,} characters cut] …\n{text[len(text) - tail :]}"
-
-
-def _safely(render: Callable[[], str], cls: type) -> str:
-    try:
-        return render()
-    except Exception:
-        return f"<unprintable {cls.__name__}>"
-
-
-def _storable(text: str) -> str:
-    """Text a jsonb column accepts: no NUL characters, no lone surrogates."""
-    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+    # A completion nobody waits on (no parent, no on_end, no run_completed
+    # receiver) may be handed to the worker's completer.
+    may_hand_off: bool = False
+    # The last resort: the end written alone, what it implies in a transaction apart.
+    follow_ups_apart: bool = False
 
 
 def execute(
     claim: Claim,
     *,
-    ctx: JobContext | None = None,
+    attempt: Attempt | None = None,
     stop: threading.Event | None = None,
-    complete: Callable[[Claim, Any], bool] | None = None,
-    hand_off: HandOff | None = None,
+    completer: Completer | None = None,
 ) -> Outcome:
-    """Run the handler of ``claim`` and record what happened. Never raises for the run.
+    """Run the handler of ``claim``, record what happened, and log it. Never raises for the run.
 
-    ``stop`` is the worker's hard-stop event: outcome writes that fail on a dropped
-    connection are retried until they land or it is set. ``complete`` writes a
-    completion (a worker passes its batching ``Completer.complete``); ``hand_off``,
-    when given, takes over the completion of a run without a parent while nobody
-    listens to ``run_completed`` (``Completer.hand_off``): the outcome is then
-    ``QUEUED``, and the completer records and logs it.
+    ``attempt`` is the worker's (with its handler looked up at dispatch); ``stop``
+    is the worker's hard-stop event: writes that fail on a dropped connection
+    are retried until they land or it is set. With a ``completer``, completions
+    of runs without a parent are written in its batches.
     """
     started = time.monotonic()
-    write: Write | None = None
+    decision: Decision | None = None
     try:
-        write = _prepare(claim, ctx, complete or claims.complete, hand_off)
-        outcome = settle(claim, write, stop)
+        attempt = attempt or Attempt.of(claim)
+        decision = decide(attempt)
+        outcome = record(claim, decision, stop, completer, attempt=attempt)
     except Exception as exc:
-        # A bug of ours, not the handler's: still end the run, never leave it running.
+        # A bug of ours, not the handler's: still finish the run, never leave it running.
         logger.exception("run=%s could not be executed", claim.run_id)
-        outcome = settle(claim, Failure(_last_resort(claim, exc), exc), stop)
-    if outcome is not Outcome.QUEUED:
-        # A run the watchdog ended (timeout, ignored cancel) was counted then;
+        outcome = record(claim, last_resort(claim, exc), stop)
+    if outcome is not Outcome.HANDED_OFF:
+        # A run the watchdog finished (timeout, ignored cancel) was counted then;
         # the handler's late return is logged (its result dropped), not counted again.
-        late = outcome is Outcome.LOST and ctx is not None and ctx.fenced_off
-        log_outcome(claim, outcome, time.monotonic() - started, observe=not late, write=write)
+        late = outcome is Outcome.LOST and attempt is not None and attempt.fenced_off
+        log_outcome(claim, outcome, time.monotonic() - started, decision, observe=not late)
         if outcome is not Outcome.COMPLETED:
             # The handler may have failed on a broken connection (to any
             # database): close it, so the next run on this thread gets a fresh one.
@@ -165,114 +123,66 @@ def execute(
     return outcome
 
 
-def _prepare(
-    claim: Claim,
-    ctx: JobContext | None,
-    complete: Callable[[Claim, Any], bool],
-    hand_off: HandOff | None,
-) -> Write:
-    """Run the handler (when there is one to run) and return the write of its outcome."""
-    try:
-        handler = get_handler(claim.row["job_type"], resolve=True)
-    except UnknownJobType as exc:
-        # start() refuses unknown types, so this is a deploy where this worker
-        # lacks a handler the enqueuer had. Fail it visibly; it can be retried.
-        return _not_retryable(claim, exc)
-    if claim.row["cancel_requested_at"] is not None:
-        # Asked to cancel while it was between attempts: do not start it again.
-        return cancel_write(claim, "canceled before the attempt started")
-    ctx = ctx or JobContext(claim, timeout=handler.timeout)
-    return _run_handler(handler, ctx, complete, hand_off)
+# --- deciding --------------------------------------------------------------------------
 
 
-def _last_resort_error(claim: Claim, exc: Exception) -> dict[str, Any]:
-    return {
-        "type": "django_jobs.exceptions.ExecutionError",
-        "message": _storable(_safely(lambda: repr(exc), Exception)),
-        "traceback": "",
-        "attempt": claim.attempt,
-        "retryable": False,
-    }
-
-
-def _last_resort(claim: Claim, exc: Exception) -> Write:
-    """A fenced fail with a minimal error record, and what a run's end implies
-    (its children's close policies, its waiting parent woken)."""
-    return fail_write(claim, _last_resort_error(claim, exc))
-
-
-def _bare_fail(claim: Claim, exc: Exception) -> Write:
-    """When even ``_last_resort`` was refused: end the run on its own, then apply
-    what its end implies in a transaction of its own, on a best-effort basis.
-
-    Applying it later is still right: a parent is woken only if all it awaits
-    has ended, and a parent that suspends afterwards looks for itself.
-    """
-
-    def write() -> Outcome:
-        if not claims.fail(claim, _last_resort_error(claim, exc)):
-            return Outcome.LOST
-        parent_id = claim.row.get("parent_id")
+def decide(attempt: Attempt) -> Decision:
+    """Run the attempt's handler (when there is one to run) and decide what it came to."""
+    claim = attempt.claim
+    handler = attempt.handler
+    if handler is None:
         try:
-            with transaction.atomic(using=conf.get().DATABASE):
-                lifecycle.lock_parent(parent_id)
-                lifecycle.after_end(claim.run_id, parent_id, Status.FAILED)
-        except DatabaseError:
-            logger.exception(
-                "run=%s failed, but its parent and children could not be told", claim.run_id
-            )
-        return Outcome.FAILED
+            handler = get_handler(claim.job_type, resolve=True)
+        except UnknownJobType as exc:
+            # start() refuses unknown types, so this is a deploy where this worker
+            # lacks a handler the enqueuer had. Fail it visibly; it can be retried.
+            return _not_retryable(claim, exc)
+    if claim.cancel_requested_at is not None:
+        # Asked to cancel while it was between attempts: do not start it again.
+        return canceled(claim, "canceled before the attempt started")
+    return _run_handler(handler, attempt)
 
-    return write
 
-
-def _run_handler(
-    handler: JobHandler,
-    ctx: JobContext,
-    complete: Callable[[Claim, Any], bool],
-    hand_off: HandOff | None,
-) -> Write:
-    """Call the handler and return the write that records its result (not yet done)."""
-    claim = ctx.claim
+def _run_handler(handler: JobHandler, attempt: Attempt) -> Decision:
+    claim = attempt.claim
     signals.run_started.send_robust(
         JobRun, run_id=claim.run_id, job_type=handler.job_type, attempt=claim.attempt
     )
-    ctx.atomic_depth = len(jobs_connection().atomic_blocks)
+    attempt.atomic_depth = len(jobs_connection().atomic_blocks)
+    ctx = JobContext(attempt)
     try:
-        with tracing.run_span(claim, suspended=(Suspended, LeaseLost)):
+        with tracing.run_span(
+            claim.run_id, claim.job_type, claim.pool, claim.attempt, (Suspended, LeaseLost)
+        ):
             result = _call(handler, ctx)
     except Suspended:
-        return lambda: Outcome.WAITING
+        return Decision(Outcome.WAITING)
     except LeaseLost:
-        return lambda: Outcome.LOST
-    except BaseException as exc:  # a handler's SystemExit ends its run, not the worker
-        if not ctx.own_outcome():
-            # The worker ended the run over the handler's head (its timeout, an
+        return Decision(Outcome.LOST)
+    except BaseException as exc:  # a handler's SystemExit finishes its run, not the worker
+        if not attempt.own_outcome():
+            # The worker finished the run over the handler's head (its timeout, an
             # ignored cancel) and records that: the JobCanceled it raised in the
             # handler is not a cancel of its own.
-            return lambda: Outcome.LOST
-        if ctx.past_deadline():
-            return timeout_write(handler, claim)
+            return Decision(Outcome.LOST)
+        if attempt.past_deadline():
+            return timed_out(handler, claim)
         if isinstance(exc, JobCanceled):
-            return cancel_write(claim, str(exc) or "the handler raised JobCanceled")
-        if not retryable(handler, exc):
+            return canceled(claim, str(exc) or "the handler raised JobCanceled")
+        if not handler.retryable(exc):
             return _not_retryable(claim, exc)
-        return error_write(handler, claim, exc)
-    if not ctx.own_outcome():
-        return lambda: Outcome.LOST
-    if ctx.past_deadline():
-        return timeout_write(handler, claim)
+        return failed_attempt(handler, claim, exc)
+    if not attempt.own_outcome():
+        return Decision(Outcome.LOST)
+    if attempt.past_deadline():
+        return timed_out(handler, claim)
     try:
         output = normalize(result, what=f"the output of {handler.job_type} run {claim.run_id}")
     except InvalidJobInput as exc:
         # Running the same code again would return the same value: not retryable.
         return _not_retryable(claim, exc)
-    if claim.row["parent_id"] is not None:
-        # Its parent may wait for it: the wake-up needs the single-run path.
-        complete = claims.complete
-    elif hand_off is not None and handler.on_end is None and not _listened(signals.run_completed):
-        return partial(_hand_off, hand_off, claim, output, time.monotonic() - ctx.started)
-    return partial(_write, complete, claim, output, Outcome.COMPLETED)
+    quiet = handler.on_end is None and not _listened(signals.run_completed)
+    return Decision(Outcome.COMPLETED, output=output, may_hand_off=quiet)
 
 
 def _call(handler: JobHandler, ctx: JobContext) -> Any:
@@ -296,35 +206,14 @@ def _listened(signal: Signal) -> bool:
     return bool(signal.receivers) and signal.has_listeners(JobRun)
 
 
-def _hand_off(hand_off: HandOff, claim: Claim, output: Any, duration: float) -> Outcome:
-    written = hand_off(claim, output, duration)
-    if written is None:
-        return Outcome.QUEUED
-    return Outcome.COMPLETED if written else Outcome.LOST
-
-
-def retryable(handler: JobHandler, exc: BaseException) -> bool:
-    """Whether another attempt might cure ``exc``: what a run's error and a
-    failed step's error both record as ``retryable``.
-
-    Whether attempts are left is another matter: a retryable error on the last
-    attempt still fails the run.
-    """
-    if isinstance(exc, (JobCanceled, InvalidStepOutput)) or is_never_retried(exc):
-        return False
-    return handler.retry.is_retryable(exc)
-
-
-def error_write(handler: JobHandler, claim: Claim, exc: BaseException) -> Write:
-    """The write for a handler that raised: a retry with backoff, or failed."""
-    policy = handler.retry
+def failed_attempt(handler: JobHandler, claim: Claim, exc: BaseException) -> Decision:
+    """The decision for a handler that raised: a retry with backoff, or failed."""
     if _goes_again(handler, claim, exc):
+        delay = handler.retry.delay(claim.attempt)
         error = error_record(exc, claim.attempt, retryable=True)
-        delay = policy.delay(claim.attempt)
-        retry = partial(_write, claims.reschedule, claim, error, Outcome.RETRY, delay)
-        return Failure(retry, exc, retry_in=delay)
-    error = error_record(exc, claim.attempt, retryable=retryable(handler, exc))
-    return Failure(fail_write(claim, error), exc)
+        return Decision(Outcome.RETRY, error=error, exception=exc, retry_in=delay)
+    error = error_record(exc, claim.attempt, retryable=handler.retryable(exc))
+    return Decision(Outcome.FAILED, error=error, exception=exc)
 
 
 def _goes_again(handler: JobHandler, claim: Claim, exc: BaseException) -> bool:
@@ -334,71 +223,64 @@ def _goes_again(handler: JobHandler, claim: Claim, exc: BaseException) -> bool:
     reads them), so a deploy that changes a policy does not change what queued
     runs were promised; the policy still says which errors are retryable.
     """
-    return claim.attempt < int(claim.row["max_attempts"]) and handler.retry.is_retryable(exc)
+    return claim.attempt < claim.max_attempts and handler.retry.is_retryable(exc)
 
 
-def timeout_write(handler: JobHandler, claim: Claim) -> Write:
-    """The write for a run past its timeout: a retry per its policy, or timed out."""
+def timed_out(handler: JobHandler, claim: Claim) -> Decision:
+    """The decision for a run past its timeout: a retry per its policy, or timed out."""
     exc = JobTimeout(f"run {claim.run_id} exceeded its timeout of {handler.timeout:g}s")
     if _goes_again(handler, claim, exc):
-        return error_write(handler, claim, exc)
+        return failed_attempt(handler, claim, exc)
     error = error_record(exc, claim.attempt, retryable=False)
-    return Failure(_end_write(claim, Outcome.TIMED_OUT, error, cancel_requested_at=Now()), exc)
+    return Decision(Outcome.TIMED_OUT, error=error, exception=exc)
 
 
-def _not_retryable(claim: Claim, exc: BaseException) -> Failure:
-    """The write that fails the run at once for ``exc``."""
-    return Failure(fail_write(claim, error_record(exc, claim.attempt, retryable=False)), exc)
-
-
-def fail_write(claim: Claim, error: dict[str, Any]) -> Write:
-    return _end_write(claim, Outcome.FAILED, error)
-
-
-def cancel_write(claim: Claim, message: str) -> Write:
-    """The write that ends the run canceled; the reason given to ``cancel()`` is kept."""
+def canceled(claim: Claim, message: str) -> Decision:
+    """The decision that finishes the run canceled; the reason given to ``cancel()`` is kept."""
     error = error_record(JobCanceled(message), claim.attempt, retryable=False)
     error["traceback"] = ""
-    return _end_write(claim, Outcome.CANCELED, error)
+    return Decision(Outcome.CANCELED, error=error)
 
 
-def _end_write(claim: Claim, outcome: Outcome, error: Any, **extra: Any) -> Write:
-    """The write that ends the run with ``outcome``'s status (fenced, with follow-ups)."""
-
-    def end(c: Claim, e: Any) -> bool:
-        return claims.end(c, ENDING[outcome], e, **extra)
-
-    return partial(_write, end, claim, error, outcome)
+def _not_retryable(claim: Claim, exc: BaseException) -> Decision:
+    """The decision that fails the run at once for ``exc``."""
+    error = error_record(exc, claim.attempt, retryable=False)
+    return Decision(Outcome.FAILED, error=error, exception=exc)
 
 
-def _write(
-    fenced: Callable[..., bool], claim: Claim, value: Any, outcome: Outcome, *args: Any
+def last_resort(claim: Claim, exc: Exception) -> Decision:
+    """A failure with a minimal error record, for when the full one cannot be written."""
+    error = {
+        "type": "django_jobs.exceptions.ExecutionError",
+        "message": storable(safely(lambda: repr(exc), Exception)),
+        "traceback": "",
+        "attempt": claim.attempt,
+        "retryable": False,
+    }
+    return Decision(Outcome.FAILED, error=error, exception=exc)
+
+
+# --- recording -------------------------------------------------------------------------
+
+
+def record(
+    claim: Claim,
+    decision: Decision,
+    stop: threading.Event | None = None,
+    completer: Completer | None = None,
+    *,
+    attempt: Attempt | None = None,
 ) -> Outcome:
-    """Perform one fenced write, and what a run's end implies, in one transaction.
-
-    A lost lease turns the outcome into LOST. A run that ends without a parent
-    to wake and without an unsuccessful status needs no follow-up, so it stays
-    one autocommitted statement (the hot path).
-    """
-    status = ENDING.get(outcome)
-    parent_id = claim.row["parent_id"]
-    if status is None or (parent_id is None and status == Status.COMPLETED):
-        return outcome if fenced(claim, value, *args) else Outcome.LOST
-    with transaction.atomic(using=conf.get().DATABASE):
-        lifecycle.lock_parent(parent_id)
-        if not fenced(claim, value, *args):
-            return Outcome.LOST
-        lifecycle.after_end(claim.run_id, parent_id, status)
-    return outcome
-
-
-def settle(claim: Claim, write: Write, stop: threading.Event | None) -> Outcome:
-    """Perform an outcome write, riding out a dropped database connection.
+    """Write ``decision`` for ``claim``, riding out a dropped database connection, then
+    send its signal; return the outcome written (``LOST`` when the lease was gone).
 
     A write that fails because the connection broke is retried on a fresh one,
-    with a capped backoff, until it lands or the worker is told to stop hard (then
-    the run stays ``running`` under this lease and is released or rescued).
-    Any other database error is recorded as the run's failure instead.
+    with a capped backoff, until it lands or ``stop`` is set (then the run stays
+    ``running`` under this lease and is released or rescued). A write the
+    database refuses is replaced by a failure naming the refusal; if even that is
+    refused, by one with a minimal record; then by the end written alone and its
+    follow-ups apart; then given up (the run is rescued once this worker stops).
+    ``attempt`` gives a handed-off completion the handler's duration, for its log line.
     """
     delay = 0.2
     rejected = 0
@@ -408,7 +290,7 @@ def settle(claim: Claim, write: Write, stop: threading.Event | None) -> Outcome:
             discard_broken_connections()
         retrying = True
         try:
-            outcome = write()
+            outcome = _write(claim, decision, completer, attempt)
         except (OperationalError, InterfaceError) as exc:
             logger.warning(
                 "run=%s outcome not written, database unavailable (%s); retrying in %.1fs",
@@ -418,22 +300,18 @@ def settle(claim: Claim, write: Write, stop: threading.Event | None) -> Outcome:
             )
         except DatabaseError as exc:
             logger.error("run=%s outcome rejected by the database: %s", claim.run_id, exc)
-            # First a failure naming the database's error; if even that is
-            # refused, one with a minimal record; then the end on its own and its
-            # follow-up apart; then give up (the run is rescued once this worker
-            # stops). Each ends the run the way any failure does.
             rejected += 1
             if rejected == 1:
-                write = _not_retryable(claim, exc)
+                decision = _not_retryable(claim, exc)
             elif rejected == 2:
-                write = Failure(_last_resort(claim, exc), exc)
+                decision = last_resort(claim, exc)
             elif rejected == 3:
-                write = Failure(_bare_fail(claim, exc), exc)
+                decision = replace(last_resort(claim, exc), follow_ups_apart=True)
             else:
                 return Outcome.LOST
             continue
         else:
-            _signal(claim, outcome, write)
+            _announce(claim, outcome, decision)
             return outcome
         with control.released():  # a worker's other control threads go on meanwhile
             if stop is not None and stop.wait(delay):
@@ -441,6 +319,50 @@ def settle(claim: Claim, write: Write, stop: threading.Event | None) -> Outcome:
             if stop is None:
                 time.sleep(delay)
         delay = min(delay * 2, 5.0)
+
+
+def _write(
+    claim: Claim, decision: Decision, completer: Completer | None, attempt: Attempt | None
+) -> Outcome:
+    outcome = decision.outcome
+    if outcome is Outcome.WAITING or outcome is Outcome.LOST:
+        return outcome  # settled already: nothing to write
+    if outcome is Outcome.RETRY:
+        assert decision.error is not None
+        assert decision.retry_in is not None
+        written = transitions.retry_later(claim, decision.error, decision.retry_in)
+        return outcome if written else Outcome.LOST
+    if outcome is Outcome.COMPLETED and claim.parent_id is None and completer is not None:
+        if decision.may_hand_off:
+            took = time.monotonic() - attempt.started if attempt is not None else 0.0
+            handed = completer.hand_off(claim, decision.output, took)
+            if handed is None:
+                return Outcome.HANDED_OFF
+            return outcome if handed else Outcome.LOST
+        return outcome if completer.complete(claim, decision.output) else Outcome.LOST
+    extra = {"cancel_requested_at": Now()} if outcome is Outcome.TIMED_OUT else {}
+    written = transitions.finish(
+        claim,
+        FINISHED_AS[outcome],
+        output=decision.output,
+        error=decision.error,
+        follow_ups_apart=decision.follow_ups_apart,
+        **extra,
+    )
+    return outcome if written else Outcome.LOST
+
+
+def record_handed_off(
+    claim: Claim, written: bool | BaseException, duration: float, stop: threading.Event
+) -> None:
+    """The completer's report on a handed-off completion: log it, or, when the
+    database refused that run's write (``written`` is the error), fail the run."""
+    if isinstance(written, BaseException):
+        error = error_record(written, claim.attempt, retryable=False)
+        outcome = record(claim, Decision(Outcome.FAILED, error=error), stop)
+    else:
+        outcome = Outcome.COMPLETED if written else Outcome.LOST
+    log_outcome(claim, outcome, duration)
 
 
 SIGNALS = {
@@ -451,51 +373,28 @@ SIGNALS = {
     Outcome.TIMED_OUT: signals.run_timed_out,
 }
 
-
 # The signals that carry the error (``exception``), as Celery's task_failure does.
 WITH_EXCEPTION = frozenset({Outcome.FAILED, Outcome.RETRY})
 
 
-def _signal(claim: Claim, outcome: Outcome, write: Write) -> None:
+def _announce(claim: Claim, outcome: Outcome, decision: Decision) -> None:
     signal = SIGNALS.get(outcome)
     if signal is None:
         return
-    extra = {}
-    if outcome in WITH_EXCEPTION:
-        extra["exception"] = write.error if isinstance(write, Failure) else None
-    lifecycle.announce(
-        signal, claim.run_id, claim.row["job_type"], claim.attempt, ended=outcome in ENDING, **extra
+    extra = {"exception": decision.exception} if outcome in WITH_EXCEPTION else {}
+    transitions.announce(
+        transitions.Announcement(
+            signal,
+            claim.run_id,
+            claim.job_type,
+            claim.attempt,
+            finished=outcome in FINISHED_AS,
+            extra=extra,
+        )
     )
 
 
-_thread = threading.local()
-
-
-def jobs_connection() -> BaseDatabaseWrapper:
-    """This thread's connection to the jobs database.
-
-    Looked up once per thread (Django keeps one connection object per thread
-    and alias; ``connections[alias]`` costs several microseconds a run).
-    """
-    alias = conf.get().DATABASE
-    if getattr(_thread, "alias", None) != alias:
-        _thread.connection, _thread.alias = connections[alias], alias
-    connection: BaseDatabaseWrapper = _thread.connection
-    return connection
-
-
-def discard_broken_connections() -> None:
-    """Close this thread's connections that errored and no longer answer.
-
-    Connections are otherwise kept open across runs: reconnecting per run costs
-    more than the run itself for short jobs.
-    """
-    for connection in connections.all(initialized_only=True):
-        if connection.errors_occurred:
-            if connection.in_atomic_block or not connection.is_usable():
-                connection.close()
-            connection.errors_occurred = False
-
+# --- logging ---------------------------------------------------------------------------
 
 # Told of every outcome this process records, after it is written:
 # (claim, outcome, seconds the attempt took). The metrics module adds one.
@@ -515,32 +414,25 @@ def log_outcome(
     claim: Claim,
     outcome: Outcome,
     duration: float,
+    decision: Decision | None = None,
     *,
     observe: bool = True,
-    write: Write | None = None,
 ) -> None:
     """The one line per run outcome (no payloads); then the observers, if ``observe``.
 
-    A retry or an unsuccessful end whose write carries the error (a ``Failure``)
-    names the error's type and message, the next attempt's time for a retry,
-    and passes ``exc_info``, so that error trackers see the handler's exception.
+    A retry or an unsuccessful end decided for a handler's exception names the
+    exception's type and message, the next attempt's time for a retry, and
+    passes ``exc_info``, so that error trackers see the handler's exception.
     """
-    args: tuple[Any, ...] = (
-        claim.run_id,
-        claim.row["job_type"],
-        outcome.value,
-        claim.attempt,
-        duration,
-    )
+    args: tuple[Any, ...] = (claim.run_id, claim.job_type, outcome.value, claim.attempt, duration)
     level = LEVELS.get(outcome, logging.INFO)
-    if level == logging.INFO or not isinstance(write, Failure):
+    error = None if decision is None else decision.exception
+    if level == logging.INFO or error is None:
         logger.log(level, "run=%s type=%s outcome=%s attempt=%d duration=%.3fs", *args)
     else:
-        error = write.error
-        cls = type(error)
-        message = _safely(lambda: str(error), cls)
-        if outcome is Outcome.RETRY and write.retry_in is not None:
-            when = timezone.now() + timedelta(seconds=write.retry_in)
+        assert decision is not None
+        if outcome is Outcome.RETRY and decision.retry_in is not None:
+            when = timezone.now() + timedelta(seconds=decision.retry_in)
             next_attempt = when.isoformat(timespec="seconds")
         else:
             next_attempt = "none"
@@ -549,8 +441,8 @@ def log_outcome(
             "run=%s type=%s outcome=%s attempt=%d duration=%.3fs error=%s message=%r "
             "next_attempt=%s",
             *args,
-            f"{cls.__module__}.{cls.__qualname__}",
-            message,
+            type_name(error),
+            message_of(error),
             next_attempt,
             exc_info=error,
         )

@@ -37,9 +37,10 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra ins
     ) from exc
 
 from . import conf
-from .claims import Claim
 from .execution import Outcome, outcome_observers
-from .status import UNFINISHED, snapshot
+from .models import UNFINISHED_STATUSES
+from .snapshot import snapshot
+from .storage.claiming import Claim
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ class QueueCollector(Collector):
             "django_jobs_pool_paused", "1 when the pool is paused", labels=["pool"]
         )
         for pool in shot.pools:
-            for status in UNFINISHED:
+            for status in UNFINISHED_STATUSES:
                 depth.add_metric([pool.name, status], pool.counts[status])
             age = pool.oldest_pending.total_seconds() if pool.oldest_pending else 0.0
             lag.add_metric([pool.name], age)
@@ -122,9 +123,9 @@ class RunMetrics:
         )
 
     def observe(self, claim: Claim, outcome: Outcome, duration: float) -> None:
-        if outcome is Outcome.QUEUED:
+        if outcome is Outcome.HANDED_OFF:
             return  # counted when the completion is written
-        labels = (claim.row["job_type"], claim.row["pool"], outcome.value)
+        labels = (claim.job_type, claim.pool, outcome.value)
         self.runs.labels(*labels).inc()
         self.duration.labels(*labels).observe(duration)
 

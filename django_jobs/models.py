@@ -1,12 +1,14 @@
 """The job tables: JobRun, JobStep and Worker.
 
-QuerySet methods are predicates (which rows); transitions that lock rows live in
-``claims.py``, and the writers users call live in ``api.py``.
+QuerySet methods are predicates (which rows). Statements that lock or fence rows
+live in ``storage``, the transitions of a run in ``transitions``, and the writers
+users call in ``api``.
 """
 
 from __future__ import annotations
 
 import uuid
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,9 +48,27 @@ def protect_running_runs(collector: Any, field: Any, sub_objs: Any, using: str) 
     models.SET_NULL(collector, field, sub_objs, using)
 
 
-TERMINAL_STATUSES = frozenset({Status.COMPLETED, Status.FAILED, Status.TIMED_OUT, Status.CANCELED})
-# Ending in one of these applies the close policies of the run's children.
-UNSUCCESSFUL_STATUSES = frozenset({Status.FAILED, Status.TIMED_OUT, Status.CANCELED})
+# Every set of statuses, defined here only, in display order (columns follow it).
+# A run is unfinished until it ends in one of the finished statuses, for good.
+UNFINISHED_STATUSES = (Status.PENDING, Status.RUNNING, Status.WAITING)
+FINISHED_STATUSES = (Status.COMPLETED, Status.FAILED, Status.TIMED_OUT, Status.CANCELED)
+# Finishing in one of these applies the close policies of the run's children.
+UNSUCCESSFUL_STATUSES = (Status.FAILED, Status.TIMED_OUT, Status.CANCELED)
+# What ``retry()`` accepts: the unsuccessful ones.
+RETRYABLE_STATUSES = UNSUCCESSFUL_STATUSES
+
+
+def __getattr__(name: str) -> Any:
+    # The earlier name of FINISHED_STATUSES, kept working (with a warning) for
+    # code written against it.
+    if name == "TERMINAL_STATUSES":
+        warnings.warn(
+            "django_jobs.models.TERMINAL_STATUSES is deprecated: use FINISHED_STATUSES",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return frozenset(FINISHED_STATUSES)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class ClosePolicy(models.TextChoices):
@@ -71,7 +91,7 @@ class JobRunQuerySet(models.QuerySet["JobRun"]):
         return runs if pools is None else runs.filter(pool__in=pools)
 
     def unfinished(self) -> JobRunQuerySet:
-        return self.exclude(status__in=TERMINAL_STATUSES)
+        return self.exclude(status__in=FINISHED_STATUSES)
 
 
 class Worker(models.Model):

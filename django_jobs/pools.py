@@ -9,7 +9,6 @@ takes effect at the next claim of every worker, without a restart.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -20,8 +19,8 @@ from django.db.models.functions import Now
 from . import conf
 from .models import JobPool, JobRun, Status, Worker, WorkerStatus
 from .names import pool_problem as pool_problem  # re-exported for the admin and backend
-from .notify import notify_pools
 from .payloads import control_problem
+from .storage.notify import notify_pools
 
 logger = logging.getLogger(__name__)
 
@@ -84,11 +83,6 @@ def paused_pools() -> dict[str, JobPool]:
     """The paused pools by name."""
     pools = _pools().filter(paused_at__isnull=False)
     return {pool.name: pool for pool in pools}
-
-
-def record_pools(names: Iterable[str]) -> None:
-    """Make a row for each pool a worker serves, so the admin lists it (idempotent)."""
-    _pools().bulk_create([JobPool(name=name) for name in names], ignore_conflicts=True)
 
 
 class PoolInUse(ValueError):

@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 from .backoff import NO_RETRY, RetryPolicy
 from .conf import to_seconds
-from .exceptions import DuplicateJobType, UnknownJobType
+from .exceptions import (
+    DuplicateJobType,
+    InvalidStepOutput,
+    JobCanceled,
+    UnknownJobType,
+    is_never_retried,
+)
 from .names import pool_problem
 from .schedules import MAX_NAME, Schedule
 
@@ -49,6 +55,8 @@ class JobHandler:
 
     def start(self, input: Any = None, **options: Any) -> JobRun:
         """Enqueue a run of this job; the options are those of ``django_jobs.start``."""
+        # The one import upward (see docs/architecture.md): a definition that can
+        # also enqueue itself, done lazily so that the registry loads before the API.
         from .api import start
 
         return start(self.job_type, input, **options)
@@ -58,6 +66,17 @@ class JobHandler:
         from .api import start_many
 
         return start_many(self.job_type, inputs, **options)
+
+    def retryable(self, exc: BaseException) -> bool:
+        """Whether another attempt might cure ``exc``: what a run's error and a
+        failed step's error both record as ``retryable``.
+
+        Whether attempts are left is another matter: a retryable error on the last
+        attempt still fails the run.
+        """
+        if isinstance(exc, (JobCanceled, InvalidStepOutput)) or is_never_retried(exc):
+            return False
+        return self.retry.is_retryable(exc)
 
     def concurrency_key_for(self, input: Any) -> str | None:
         if self.concurrency_key is None or isinstance(self.concurrency_key, str):
@@ -220,7 +239,7 @@ def add_resolver(resolver: Callable[[str], JobHandler | None]) -> None:
             _resolvers.append(resolver)
 
 
-def run_ended(job_type: str, run_id: int) -> None:
+def run_finished(job_type: str, run_id: int) -> None:
     """Tell the handler of ``job_type`` that run ``run_id`` ended (its ``on_end``).
 
     Never raises: an error is logged, as for a signal receiver.

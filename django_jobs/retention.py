@@ -25,7 +25,7 @@ from django.db.models import DateTimeField, ExpressionWrapper, Value
 from django.db.models.functions import Now
 
 from . import conf
-from .models import TERMINAL_STATUSES, JobRun, JobStep
+from .models import FINISHED_STATUSES, JobRun, JobStep
 
 
 @dataclass
@@ -39,7 +39,7 @@ class Pruned:
 def prune(
     older_than: timedelta,
     *,
-    statuses: Sequence[str] = tuple(TERMINAL_STATUSES),
+    statuses: Sequence[str] = tuple(FINISHED_STATUSES),
     batch_size: int = 1000,
     dry_run: bool = False,
 ) -> Pruned:
@@ -49,7 +49,7 @@ def prune(
     statuses only); their descendants go with them whatever theirs. With
     ``dry_run``, nothing is deleted or locked: the counts say what would go.
     """
-    unfinished = set(statuses) - TERMINAL_STATUSES
+    unfinished = set(statuses) - set(FINISHED_STATUSES)
     if unfinished:
         raise ValueError(f"only finished runs can be pruned, not {sorted(unfinished)}")
     cutoff = ExpressionWrapper(Now() - Value(older_than), output_field=DateTimeField())
@@ -81,7 +81,7 @@ def _prune_batch(roots: Any, runs: Any, batch: list[int], result: Pruned, dry_ru
     if not dry_run:
         family = family.select_for_update()
     members = list(family.values_list("pk", "root_id", "status"))
-    open_roots = {root for _, root, status in members if status not in TERMINAL_STATUSES}
+    open_roots = {root for _, root, status in members if status not in FINISHED_STATUSES}
     doomed = [pk for pk in batch if pk not in open_roots]
     doomed += [pk for pk, root, _ in members if root not in open_roots]
     result.kept_open += len(open_roots)

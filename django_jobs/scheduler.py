@@ -39,11 +39,11 @@ from django.utils import timezone
 
 from . import conf
 from .api import start_handler
-from .control import ControlConnection
-from .execution import discard_broken_connections
 from .models import JobRun, JobSchedule
-from .registry import get_handler
+from .registry import all_handlers, get_handler
 from .schedules import Entry, entries, idempotency_key, plan
+from .storage.connections import discard_broken_connections
+from .storage.control import ControlConnection
 
 logger = logging.getLogger(__name__)
 
@@ -194,7 +194,7 @@ def run_schedules(now: datetime | None = None, *, pools: list[str] | None = None
     seen for the first time starts nothing for the past.
     """
     now = timezone.now() if now is None else now
-    items = entries(pools)
+    items = entries(all_handlers(), pools)
     if not items:
         return []
     due = sync(items, now)
@@ -219,7 +219,7 @@ class Scheduler:
         clock: Callable[[], datetime] = timezone.now,
         control: ControlConnection | None = None,
     ) -> None:
-        self.entries = entries(None if pools is None else list(pools))
+        self.entries = entries(all_handlers(), None if pools is None else list(pools))
         self.stop = stop
         self.clock = clock
         self.due: dict[str, datetime] | None = None  # next tick by schedule; None: not synced

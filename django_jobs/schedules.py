@@ -8,9 +8,10 @@ side, one run per tick across every worker, is ``scheduler.py``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from . import conf
@@ -104,15 +105,24 @@ class Entry:
     schedule: Schedule
 
 
-def entries(pools: list[str] | None = None) -> list[Entry]:
+class Job(Protocol):
+    """What a schedule needs of a registered job (``registry.JobHandler``)."""
+
+    @property
+    def job_type(self) -> str: ...
+    @property
+    def pool(self) -> str: ...
+    @property
+    def schedule(self) -> Schedule | None: ...
+
+
+def entries(handlers: Mapping[str, Job], pools: list[str] | None = None) -> list[Entry]:
     """Return the schedules in force (of jobs in ``pools``, or all), sorted by name.
 
+    ``handlers`` are the registered jobs by job type (``registry.all_handlers()``).
     Settings entries that are invalid or name an unknown job type are left out:
     the system checks report them.
     """
-    from .registry import all_handlers
-
-    handlers = all_handlers()
     found = {
         handler.job_type: Entry(handler.job_type, handler.job_type, handler.pool, handler.schedule)
         for handler in handlers.values()
@@ -121,10 +131,10 @@ def entries(pools: list[str] | None = None) -> list[Entry]:
     for name, spec in _settings_schedules().items():
         if name in found or entry_problems(name, spec):
             continue
-        handler = handlers.get(spec["job_type"])
-        if handler is None:
+        job = handlers.get(spec["job_type"])
+        if job is None:
             continue
-        found[name] = Entry(name, handler.job_type, handler.pool, from_settings(spec))
+        found[name] = Entry(name, job.job_type, job.pool, from_settings(spec))
     return [entry for _, entry in sorted(found.items()) if pools is None or entry.pool in pools]
 
 
@@ -175,11 +185,9 @@ def entry_problems(name: object, spec: object) -> list[tuple[str, str]]:
     return found
 
 
-def settings_problems() -> list[tuple[str, str]]:
-    """Every problem of ``DJANGO_JOBS["SCHEDULES"]`` as ``(check id, message)``."""
-    from .registry import all_handlers
-
-    handlers = all_handlers()
+def settings_problems(handlers: Mapping[str, Job]) -> list[tuple[str, str]]:
+    """Every problem of ``DJANGO_JOBS["SCHEDULES"]`` as ``(check id, message)``, given
+    the registered jobs by job type."""
     found: list[tuple[str, str]] = []
     for name, spec in _settings_schedules().items():
         problems = entry_problems(name, spec)

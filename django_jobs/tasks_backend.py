@@ -32,7 +32,7 @@ from django.utils.module_loading import import_string
 from . import api, conf
 from .backoff import NO_RETRY, RetryPolicy
 from .exceptions import InvalidJobInput, never_retried
-from .models import TERMINAL_STATUSES, JobRun, Status
+from .models import FINISHED_STATUSES, JobRun, Status
 from .payloads import normalize
 from .pools import pool_problem
 from .registry import JobHandler
@@ -317,7 +317,7 @@ def _task_ended(run_id: int) -> None:
     run = JobRun.objects.using(conf.get().DATABASE).filter(pk=run_id).first()
     if run is None or run.trigger_source != TASK_SOURCE:
         return
-    if run.status not in TERMINAL_STATUSES:
+    if run.status not in FINISHED_STATUSES:
         # Retried again already (by another process): its next end sends the signal.
         logger.debug("run=%s was retried before task_finished; not sent", run_id)
         return

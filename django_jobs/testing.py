@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import socket
 
-from . import claims, lifecycle
+from . import transitions
 from .execution import execute
+from .storage import workers
+from .storage.claiming import claim_batch
 
 
 def drain(pool: str | None = None, *, batch_size: int = 100) -> int:
@@ -19,18 +21,18 @@ def drain(pool: str | None = None, *, batch_size: int = 100) -> int:
     after this process.
     """
     pools = None if pool is None else [pool]
-    worker = claims.register_worker(f"{socket.gethostname()} (drain)", os.getpid(), pools, 1)
+    worker = workers.register_worker(f"{socket.gethostname()} (drain)", os.getpid(), pools, 1)
     ran = 0
     try:
         while True:
             # Sleeps that are over are woken first, as a worker's watchdog would.
-            lifecycle.wake_sleepers()
-            batch = claims.claim_batch(worker.pk, pools, batch_size)
+            transitions.wake_sleepers()
+            batch = claim_batch(worker.pk, pools, batch_size)
             if not batch:
                 break
             for claim in batch:
                 execute(claim)
                 ran += 1
     finally:
-        claims.stop_worker(worker.pk)
+        workers.stop_worker(worker.pk)
     return ran

@@ -1,6 +1,7 @@
 """The worker loop: claim in batches, run in threads, heartbeat, rescue, drain.
 
-No argparse and no printing here: ``runjobworker`` turns flags into a ``Worker``.
+No argparse and no printing here: ``runjobworker`` turns flags into a ``JobWorker``.
+(``models.Worker`` is the row each live worker keeps.)
 """
 
 from __future__ import annotations
@@ -21,25 +22,17 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError, connections
 
-from . import claims, conf, lifecycle, watchman
-from .batching import Completer
-from .claims import Claim
-from .context import JobContext
-from .control import ControlConnection
-from .exceptions import UnknownJobType
-from .execution import (
-    Outcome,
-    cancel_write,
-    discard_broken_connections,
-    execute,
-    log_outcome,
-    settle,
-    timeout_write,
-)
+from . import conf, transitions, watchman
+from .attempt import Attempt
+from .completer import Completer
+from .execution import Outcome, canceled, execute, log_outcome, record, record_handed_off, timed_out
 from .models import WorkerStatus
-from .notify import Listener, notify_pools
-from .registry import get_handler
 from .scheduler import Scheduler
+from .storage import leases, workers
+from .storage.claiming import Claim, claim_batch
+from .storage.connections import discard_broken_connections
+from .storage.control import ControlConnection
+from .storage.notify import Listener, notify_pools
 from .watchman import Watchman
 
 logger = logging.getLogger(__name__)
@@ -50,7 +43,7 @@ EXIT_RELEASED = 1  # the drain ran out of time (or a second signal came): runs w
 REPLAN = 60.0  # seconds a claim's server-side plan is kept at most
 
 
-class Worker:
+class JobWorker:
     """One worker process's engine. ``run()`` blocks until it stops and returns an exit code."""
 
     def __init__(
@@ -88,23 +81,31 @@ class Worker:
         self.worker_id: uuid.UUID | None = None
         self.stopping = threading.Event()  # first signal: claim nothing more, drain
         self.hard_stop = threading.Event()  # second signal or drain timeout: give runs back
-        self._wake = threading.Event()
+        # Set to make the claim loop look for due runs now (a notification, a
+        # freed key) instead of after its poll interval.
+        self.wake = threading.Event()
         self._slots = threading.Condition()
-        # Keyed by context, not run id: a run fenced off while its handler still
+        # Keyed by attempt, not run id: a run fenced off while its handler still
         # runs can be claimed again here, and both hold a slot until they return.
-        self._in_flight: set[JobContext] = set()
-        self._queue: queue.SimpleQueue[JobContext | None] = queue.SimpleQueue()
+        self._in_flight: set[Attempt] = set()
+        self._queue: queue.SimpleQueue[Attempt | None] = queue.SimpleQueue()
         self.claimed = 0
         self.finished = 0
         # Created by run(): the connection the control threads share.
         self._control: ControlConnection | None = None
         self._beat_aside = False  # a heartbeat had to be written apart (logged once)
 
+    @property
+    def control(self) -> ControlConnection | None:
+        """The connection the control threads share (see storage/control.py); None
+        until ``run()`` has made it."""
+        return self._control
+
     # --- lifecycle ----------------------------------------------------------------
 
     def run(self) -> int:
         """Work until told to stop (or, in burst mode, until nothing is due)."""
-        # This thread's connection, shared by the control threads (see control.py).
+        # This thread's connection, shared by the control threads (see storage/control.py).
         # Row locks are waited for briefly on it, so that the heartbeat never waits long.
         control = self._control = ControlConnection(
             conf.get().DATABASE, lock_wait=min(1.0, self.heartbeat_interval / 2)
@@ -114,19 +115,19 @@ class Worker:
         try:
             self._start_watchman()
             self._completer = Completer(
-                after_write=self._written, stop=self.hard_stop, control=control
+                record_handed_off, after_write=self._written, stop=self.hard_stop, control=control
             )
             threads = [
-                self._start(self._run_slot, f"django-jobs-slot-{i}")
+                start_thread(self._run_slot, f"django-jobs-slot-{i}")
                 for i in range(self.concurrency)
             ]
             listener = None
             if Listener.enabled():
-                listener = Listener(self.pools, self._wake.set, self.hard_stop, control)
+                listener = Listener(self.pools, self.wake.set, self.hard_stop, control)
                 listener.start()
-            beat = self._start(self._heartbeat_loop, "django-jobs-heartbeat")
-            watchdog = self._start(self._watchdog_loop, "django-jobs-watchdog")
-            scheduling = self._start_scheduler()
+            beat = start_thread(self._heartbeat_loop, "django-jobs-heartbeat")
+            watchdog = start_thread(self._watchdog_loop, "django-jobs-watchdog")
+            scheduling = self.start_scheduler()
         except BaseException:
             self._abort_start()
             raise
@@ -153,7 +154,7 @@ class Worker:
             if listener is not None:
                 listener.join(timeout=5)
             self._completer.close()
-            self._quietly(claims.stop_worker, self.worker_id)
+            self._quietly(workers.stop_worker, self.worker_id)
             control.release()
             connections.close_all()
         logger.info(
@@ -177,13 +178,13 @@ class Worker:
             completer.close()
         if self._watchman is not None:
             self._watchman.stop()
-        self._quietly(claims.stop_worker, self.worker_id)
+        self._quietly(workers.stop_worker, self.worker_id)
         if self._control is not None:
             self._control.release()
         logger.error("worker=%s could not start; marked stopped", self.worker_id)
 
     def _register(self) -> None:
-        worker = claims.register_worker(
+        worker = workers.register_worker(
             socket.gethostname(), os.getpid(), self.pools, self.concurrency, self.worker_id
         )
         self.worker_id = worker.pk
@@ -216,25 +217,26 @@ class Worker:
             return
         now = time.monotonic()
         remaining = [
-            math.inf if ctx.deadline is None else ctx.deadline - now for ctx in self._snapshot()
+            math.inf if attempt.deadline is None else attempt.deadline - now
+            for attempt in self._snapshot()
         ]
         self._watchman.pulse(max(remaining, default=math.inf))
 
-    def _start_scheduler(self) -> threading.Thread | None:
+    def start_scheduler(self) -> threading.Thread | None:
         """Start the scheduler thread if asked and this worker's pools have schedules."""
         if not self.scheduler:
             return None
         scheduler = Scheduler(self.pools, self.stopping, control=self._control)
         if not scheduler.entries:
             return None
-        return self._start(scheduler.run, "django-jobs-scheduler")
+        return start_thread(scheduler.run, "django-jobs-scheduler")
 
     def request_stop(self) -> None:
         """Stop claiming and drain; asked a second time, give the runs back and stop now."""
         if self.stopping.is_set():
             self.hard_stop.set()
         self.stopping.set()
-        self._wake.set()
+        self.wake.set()
         with self._slots:
             self._slots.notify_all()
 
@@ -252,7 +254,7 @@ class Worker:
 
     def _claim_loop(self) -> None:
         failures = 0
-        # The claim's plan number (claims._claim_statement): a new one when runs
+        # The claim's plan number (see storage.claiming.claim_batch): a new one when runs
         # come after an empty claim, and at least every REPLAN seconds.
         plan, planned_at, idle = 0, time.monotonic(), True
         while not self.stopping.is_set():
@@ -266,7 +268,7 @@ class Worker:
             try:
                 with self._shared():
                     try:
-                        batch = claims.claim_batch(
+                        batch = claim_batch(
                             self.worker_id,  # type: ignore[arg-type]
                             self.pools,
                             free,
@@ -319,22 +321,22 @@ class Worker:
                     return False
                 # Done, unless a completion landed since the claim began.
                 return self._completer.writes == writes
-        self._wake.wait(self.poll_interval)
-        self._wake.clear()
+        self.wake.wait(self.poll_interval)
+        self.wake.clear()
         return False
 
     def _dispatch(self, batch: list[Claim]) -> None:
-        contexts = [JobContext(claim, timeout=_timeout_of(claim)) for claim in batch]
+        attempts = [Attempt.of(claim) for claim in batch]
         with self._slots:
-            for ctx in contexts:
-                self._in_flight.add(ctx)
+            for attempt in attempts:
+                self._in_flight.add(attempt)
         self.claimed += len(batch)
-        for ctx in contexts:
-            self._queue.put(ctx)
+        for attempt in attempts:
+            self._queue.put(attempt)
 
     def _written(self) -> None:
         """After the completer's every write: the runs' concurrency keys are free now."""
-        self._wake.set()
+        self.wake.set()
         with self._slots:
             self._slots.notify_all()
 
@@ -342,26 +344,26 @@ class Worker:
 
     def _run_slot(self) -> None:
         """One thread of the pool: run claims one after another on one kept connection."""
-        complete, hand_off = self._completer.complete, self._completer.hand_off
-        while (ctx := self._queue.get()) is not None:
+        completer = self._completer
+        while (attempt := self._queue.get()) is not None:
             outcome = None
             try:
                 outcome = execute(
-                    ctx.claim, ctx=ctx, stop=self.hard_stop, complete=complete, hand_off=hand_off
+                    attempt.claim, attempt=attempt, stop=self.hard_stop, completer=completer
                 )
             except Exception:
-                logger.exception("run=%s crashed the executor", ctx.run_id)
+                logger.exception("run=%s crashed the executor", attempt.run_id)
             finally:
-                # A queued completion frees the slot now: the completer writes
+                # A handed-off completion frees the slot now: the completer writes
                 # it (and wakes the claim loop) while this thread runs the next.
                 with self._slots:
-                    self._in_flight.discard(ctx)
+                    self._in_flight.discard(attempt)
                     self.finished += 1
                     self._slots.notify_all()
-                if outcome is not Outcome.QUEUED:
+                if outcome is not Outcome.HANDED_OFF:
                     # A finished run may have freed a concurrency key or woken a
                     # parent: look for due runs now rather than after a poll interval.
-                    self._wake.set()
+                    self.wake.set()
         connections.close_all()
 
     # --- heartbeat, rescue and the watchdog ---------------------------------------
@@ -395,7 +397,7 @@ class Worker:
         if control is None or control.enter(timeout=self.heartbeat_interval / 2):
             self._beat_aside = False
             try:
-                return self._logged(claims.heartbeat, self.worker_id, status)
+                return self._logged(workers.heartbeat, self.worker_id, status)
             finally:
                 if control is not None:
                     control.__exit__(None, None, None)
@@ -409,7 +411,7 @@ class Worker:
             )
         self._beat_aside = True
         with control.aside():
-            return self._logged(claims.heartbeat, self.worker_id, status)
+            return self._logged(workers.heartbeat, self.worker_id, status)
 
     def _watchdog_loop(self) -> None:
         """Every tick: enforce timeouts and cancel grace, wake sleepers; every
@@ -422,14 +424,14 @@ class Worker:
                 self._quietly(self._rescue)
                 self._quietly(self._poll_cancel_requests)
             self._quietly(self._enforce_deadlines)
-            if self._quietly(lifecycle.wake_sleepers):
-                self._wake.set()
+            if self._quietly(transitions.wake_sleepers):
+                self.wake.set()
             if self.hard_stop.wait(self.tick):
                 break
         self._leave()
 
     def _rescue(self) -> None:
-        requeued, failed = claims.rescue_stale(self.pools, self.stale_threshold)
+        requeued, failed = transitions.rescue_stale(self.pools, self.stale_threshold)
         if requeued or failed:
             logger.warning(
                 "worker=%s rescued runs of stale workers requeued=%d failed=%d",
@@ -437,42 +439,43 @@ class Worker:
                 requeued,
                 failed,
             )
-            self._wake.set()
+            self.wake.set()
 
-    def _snapshot(self) -> list[JobContext]:
+    def _snapshot(self) -> list[Attempt]:
         with self._slots:
             return list(self._in_flight)
 
     def _poll_cancel_requests(self) -> None:
         """Tell handlers whose run was asked to cancel, or was taken away, to stop."""
-        running: dict[int, list[JobContext]] = {}
-        for ctx in self._snapshot():
-            if not ctx.cancel_requested:
-                running.setdefault(ctx.run_id, []).append(ctx)
-        for run_id in claims.cancel_requested(list(running)):
-            for ctx in running[run_id]:
-                ctx.request_cancel()
+        running: dict[int, list[Attempt]] = {}
+        for attempt in self._snapshot():
+            if not attempt.cancel_noticed:
+                running.setdefault(attempt.run_id, []).append(attempt)
+        for run_id in leases.cancel_requested(list(running)):
+            for attempt in running[run_id]:
+                attempt.notice_cancel()
 
     def _enforce_deadlines(self) -> None:
         """End runs past their timeout, and canceled runs whose handler ignores it."""
         now = time.monotonic()
-        for ctx in self._snapshot():
-            if ctx.deadline is not None and now > ctx.deadline and ctx.fence_off():
+        for attempt in self._snapshot():
+            claim = attempt.claim
+            if attempt.deadline is not None and now > attempt.deadline and attempt.fence_off():
                 # Fenced off first, then told to stop: the handler's JobCanceled
                 # then finds the outcome taken, and this timeout is what is written.
-                ctx.request_cancel()
-                handler = get_handler(ctx.job_type, resolve=True)
-                write = timeout_write(handler, ctx.claim)
-                outcome = settle(ctx.claim, write, self.hard_stop)
-                log_outcome(ctx.claim, outcome, now - ctx.started, write=write)
+                attempt.notice_cancel()
+                assert attempt.handler is not None  # only a handler gives a deadline
+                decision = timed_out(attempt.handler, claim)
+                outcome = record(claim, decision, self.hard_stop)
+                log_outcome(claim, outcome, now - attempt.started, decision)
             elif (
-                ctx.cancel_noticed_at is not None
-                and now > ctx.cancel_noticed_at + self.cancel_grace
-                and ctx.fence_off()
+                attempt.cancel_noticed_at is not None
+                and now > attempt.cancel_noticed_at + self.cancel_grace
+                and attempt.fence_off()
             ):
                 message = f"the handler ignored the cancel request for {self.cancel_grace:g}s"
-                outcome = settle(ctx.claim, cancel_write(ctx.claim, message), self.hard_stop)
-                log_outcome(ctx.claim, outcome, now - ctx.started)
+                outcome = record(claim, canceled(claim, message), self.hard_stop)
+                log_outcome(claim, outcome, now - attempt.started)
 
     # --- shutdown -----------------------------------------------------------------
 
@@ -485,11 +488,11 @@ class Worker:
                 if left <= 0:
                     break
                 self._slots.wait(timeout=min(left, 0.5))
-            leftover = [ctx.claim for ctx in self._in_flight]
+            leftover = [attempt.claim for attempt in self._in_flight]
         if not leftover:
             return EXIT_OK
         self.hard_stop.set()
-        released = self._quietly(claims.release, self.worker_id, leftover)
+        released = self._quietly(transitions.release, self.worker_id, leftover)
         self._quietly(notify_pools, self.pools)
         logger.warning(
             "worker=%s released %s unfinished runs back to pending: %s",
@@ -502,7 +505,7 @@ class Worker:
     # --- helpers ------------------------------------------------------------------
 
     def _shared(self) -> AbstractContextManager[object]:
-        """The control connection, held for one operation (see control.py)."""
+        """The control connection, held for one operation (see storage/control.py)."""
         return self._control if self._control is not None else nullcontext()
 
     def _adopt(self) -> None:
@@ -514,12 +517,6 @@ class Worker:
             self._control.leave()
         else:
             connections.close_all()
-
-    @staticmethod
-    def _start(target: object, name: str) -> threading.Thread:
-        thread = threading.Thread(target=target, name=name, daemon=True)  # type: ignore[arg-type]
-        thread.start()
-        return thread
 
     def _quietly(self, fn: Callable[..., T], *args: Any) -> T | None:
         """Call ``fn(*args)`` on the control connection; log a database error
@@ -538,8 +535,8 @@ class Worker:
             return None
 
 
-def _timeout_of(claim: Claim) -> float | None:
-    try:
-        return get_handler(claim.row["job_type"], resolve=True).timeout
-    except UnknownJobType:
-        return None
+def start_thread(target: Callable[[], object], name: str) -> threading.Thread:
+    """Start one of a worker's daemon threads."""
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    thread.start()
+    return thread

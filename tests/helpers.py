@@ -1,16 +1,22 @@
-"""Helpers for tests: worker subprocesses, polling."""
+"""Helpers for tests: worker subprocesses, threads, polling, admin clients."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
-from django.db import connection
+from django.contrib.auth.models import Permission, User
+from django.db import connection, connections
+from django.test import Client
+
+from django_jobs.models import JobRun
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -80,3 +86,34 @@ def lock_waiters() -> int:
             "WHERE datname = current_database() AND wait_event_type = 'Lock'"
         )
         return int(cursor.fetchone()[0])
+
+
+def status_of(run: JobRun) -> str:
+    return str(JobRun.objects.values_list("status", flat=True).get(pk=run.pk))
+
+
+def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
+    """Run ``fn`` on its own thread (so on its own database connection)."""
+    result: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            result["value"] = fn()
+        except Exception as exc:
+            result["error"] = exc
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, result
+
+
+def operator() -> Client:
+    user = User.objects.create_user("review-op", password="x", is_staff=True)
+    user.user_permissions.set(
+        Permission.objects.filter(codename__in=["view_jobrun", "retry_jobrun"])
+    )
+    client = Client()
+    client.force_login(user)
+    return client

@@ -16,7 +16,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 
 from ..pools import pause_pool, pool_problem, reason_problem, resume_pool
-from ..status import age, snapshot
+from ..snapshot import age, snapshot
 
 # Finished runs and runs/min on the pools page count over this span.
 POOLS_WINDOW = timedelta(minutes=5)

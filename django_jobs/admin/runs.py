@@ -16,8 +16,9 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from .. import conf
-from ..models import TERMINAL_STATUSES, JobRun, Status, Worker
+from ..models import FINISHED_STATUSES, JobRun, Status, Worker
 from ..registry import all_handlers
+from ..storage import vendors
 from . import display
 from .display import EMPTY
 from .downloads import DownloadsMixin
@@ -33,7 +34,7 @@ LIST_PROGRESS = 60
 
 
 class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
-    """Use PostgreSQL's row estimate for the unfiltered changelist of a large table.
+    """Use the database's row estimate for the unfiltered changelist of a large table.
 
     A ``COUNT(*)`` over millions of runs on every page load is what makes an
     admin slow; a filtered changelist still counts exactly.
@@ -44,15 +45,9 @@ class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
         query = self.object_list
         if isinstance(query, QuerySet) and not query.query.where:
             connection = connections[query.db]
-            if connection.vendor == "postgresql":
-                with connection.cursor() as cursor:
-                    cursor.execute(
-                        "SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass",
-                        [query.model._meta.db_table],
-                    )
-                    row = cursor.fetchone()
-                if row is not None and row[0] > 100_000:
-                    return int(row[0])
+            estimate = vendors.of(connection).estimated_rows(connection, query.model._meta.db_table)
+            if estimate is not None and estimate > 100_000:
+                return estimate
         return super().count
 
 
@@ -269,7 +264,7 @@ class JobRunAdmin(  # type: ignore[misc]
     @admin.display(description="duration")
     def duration(self, run: JobRun) -> str:
         """From creation to end: a whole life, waits for children and retries included."""
-        if run.status in TERMINAL_STATUSES:
+        if run.status in FINISHED_STATUSES:
             return display.duration(run.created_at, run.finished_at)
         if run.status == Status.RUNNING:
             return f"{display.duration(run.created_at, timezone.now())} so far"
@@ -279,7 +274,7 @@ class JobRunAdmin(  # type: ignore[misc]
     def status_list(self, run: JobRun) -> SafeString:
         """The badge, and under it an unfinished run's progress (a finished run's
         last report is history: on its page only, labelled)."""
-        progress = EMPTY if run.status in TERMINAL_STATUSES else display.progress(run.progress)
+        progress = EMPTY if run.status in FINISHED_STATUSES else display.progress(run.progress)
         if progress == EMPTY:
             return display.badge(run.status)
         if len(progress) > LIST_PROGRESS:

@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from .. import conf
 from ..models import JobSchedule
+from ..registry import all_handlers
 from ..schedules import entries
 
 
@@ -59,7 +60,7 @@ class JobScheduleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     @admin.display(description="declared", boolean=True)
     def declared(self, schedule: JobSchedule) -> bool:
         """Whether this code base still declares the schedule (a removed one's row stays)."""
-        return schedule.name in {entry.name for entry in entries()}
+        return schedule.name in {entry.name for entry in entries(all_handlers())}
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

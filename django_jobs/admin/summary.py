@@ -15,7 +15,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from ..models import TERMINAL_STATUSES, UNSUCCESSFUL_STATUSES, JobRun, Status
+from ..models import FINISHED_STATUSES, UNSUCCESSFUL_STATUSES, JobRun, Status
 from . import display, errors
 from .display import EMPTY
 
@@ -26,7 +26,7 @@ class RunSummaryMixin:
     payload_url: Callable[..., str]  # DownloadsMixin's
 
     def run_summary(self, run: JobRun) -> SafeString:
-        finished = run.status in TERMINAL_STATUSES
+        finished = run.status in FINISHED_STATUSES
         rows = [
             ("status", self._state(run)),
             ("attempts", f"{run.attempts} of {run.max_attempts}"),
@@ -59,7 +59,7 @@ class RunSummaryMixin:
                 if run.awaiting is not None
                 else format_html("sleeping until {}", display.timestamp(run.run_at))
             )
-        if run.cancel_requested_at is not None and run.status not in TERMINAL_STATUSES:
+        if run.cancel_requested_at is not None and run.status not in FINISHED_STATUSES:
             note = format_html(
                 "{}cancel requested {}",
                 format_html("{}; ", note) if note else "",
@@ -110,7 +110,7 @@ class RunSummaryMixin:
         children ran, or a run retried, started again. Its whole life is counted
         from its creation (waiting in the queue included), not from that start.
         """
-        finished = run.status in TERMINAL_STATUSES
+        finished = run.status in FINISHED_STATUSES
         if not finished and run.status != Status.RUNNING:
             return EMPTY
         end = run.finished_at if finished else timezone.now()
@@ -126,7 +126,7 @@ class RunSummaryMixin:
     @admin.display(description="progress")
     def progress_display(self, run: JobRun) -> str:
         text = display.progress(run.progress)
-        if text != EMPTY and run.status in TERMINAL_STATUSES:
+        if text != EMPTY and run.status in FINISHED_STATUSES:
             return f"{text} (its last report, before the run ended)"
         return text
 

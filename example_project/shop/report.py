@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Max, Min, Sum
 from django.utils import timezone
 
-from django_jobs.models import TERMINAL_STATUSES, Status
+from django_jobs.models import FINISHED_STATUSES, Status
 
 from .orders import EXPRESS_PRIORITY, demo_runs
 
@@ -33,7 +33,7 @@ class Progress:
 
     @property
     def finished(self) -> int:
-        return sum(n for status, n in self.counts.items() if status in TERMINAL_STATUSES)
+        return sum(n for status, n in self.counts.items() if status in FINISHED_STATUSES)
 
     @property
     def unfinished(self) -> int:

@@ -296,7 +296,7 @@ class JobsAsImmediateTestCase(
 
     # ImmediateBackend lets KeyboardInterrupt through to the caller of enqueue();
     # a worker running the task records it as the task's failure instead (a
-    # handler's BaseException ends its run, never the worker: DESIGN rule 15).
+    # handler's BaseException ends its run, never the worker).
     def test_throws_keyboard_interrupt(self) -> None:
         with self.assertLogs("django.tasks", level="ERROR"):
             result = finished(

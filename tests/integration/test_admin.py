@@ -406,3 +406,20 @@ def test_a_failed_steps_error_reads_as_the_runs_does(operator: Client) -> None:
     assert "attempt 2, not retryable" in steps
     assert '<details class="dj-traceback"><summary>traceback</summary>' in steps
     assert "&quot;retryable&quot;" not in steps  # not raw JSON
+
+
+# --- the jobs database -------------------------------------------------------------
+
+
+def test_the_admin_reads_runs_and_workers_from_the_jobs_database(settings: Any) -> None:
+    from django.contrib import admin
+    from django.test import RequestFactory
+
+    from django_jobs.models import Worker
+
+    # DATABASE names the alias holding the job tables; workers, api and the pools
+    # page use it, so the changelist, run pages and workers pages must too.
+    settings.DJANGO_JOBS = {**settings.DJANGO_JOBS, "DATABASE": "sqlite"}
+    request = RequestFactory().get("/")
+    for model in (JobRun, Worker):
+        assert admin.site._registry[model].get_queryset(request).db == "sqlite", model

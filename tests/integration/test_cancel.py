@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 
-from django_jobs import cancel, claims, retry, signals, start
+from django_jobs import JobContext, cancel, retry, signals, start
+from django_jobs.attempt import Attempt
 from django_jobs.exceptions import InvalidTransition, RunNotFound
-from django_jobs.execution import execute
+from django_jobs.execution import Outcome, execute
 from django_jobs.models import ClosePolicy, JobRun, JobStep, Status
+from django_jobs.storage import claiming
 from django_jobs.testing import drain
 from tests.factories import JobRunFactory, JobStepFactory, RunningJobRunFactory, WorkerFactory
+from tests.helpers import status_of
 
 pytestmark = pytest.mark.django_db
 
@@ -112,7 +116,7 @@ def test_a_parent_that_completes_leaves_fire_and_forget_children_running() -> No
 
 def test_canceling_a_child_wakes_its_waiting_parent_with_child_run_canceled() -> None:
     parent = start("tests.parent_of_failure")  # spawns tests.permanent, waits for it
-    (claim,) = claims.claim_batch(WorkerFactory().pk, None, 1)
+    (claim,) = claiming.claim_batch(WorkerFactory().pk, None, 1)
     execute(claim)
     assert status(parent) == Status.WAITING
     kid = JobRun.objects.get(parent=parent)
@@ -202,3 +206,46 @@ def test_signals_are_sent_for_each_transition(django_capture_on_commit_callbacks
     assert ("run_canceled", canceled.pk) in seen
     assert seen.count(("step_completed", stepped.pk)) == 3
     assert seen.count(("run_started", flaky.pk)) == 2
+
+
+# --- a cancel request is not parked behind a suspension ----------------------------------
+
+
+@pytest.mark.django_db
+def test_a_cancel_requested_before_a_durable_sleep_is_not_deferred_until_it_wakes() -> None:
+    run = start("tests.sleeper", {"seconds": 3600})
+    (claim,) = claiming.claim_batch(WorkerFactory().pk, None, 1)
+    assert cancel(run.pk) == 1  # running: asked to cancel
+    # The worker has not polled the request yet (it does so once per heartbeat).
+    execute(claim)
+    run.refresh_from_db()
+    assert run.status == Status.CANCELED, (run.status, run.run_at)
+
+
+@pytest.mark.django_db
+def test_a_cancel_requested_before_wait_for_terminates_the_children() -> None:
+    parent = start("tests.parent", {"n": 2})
+    (claim,) = claiming.claim_batch(WorkerFactory().pk, ["default"], 1)
+    assert cancel(parent.pk) == 1
+    execute(claim)  # spawns two children, then wait_for() suspends
+    parent.refresh_from_db()
+    children = list(JobRun.objects.filter(parent=parent).values_list("status", flat=True))
+    assert (parent.status, children) == (Status.CANCELED, [Status.CANCELED] * 2)
+
+
+# --- cascade=False means the same thing for running and waiting runs ---------------------
+
+
+@pytest.mark.django_db
+def test_cancel_without_cascade_of_a_running_parent_leaves_its_children() -> None:
+    start("tests.parent", {"n": 2})
+    (claim,) = claiming.claim_batch(WorkerFactory().pk, ["default"], 1)
+    child = JobContext(Attempt.of(claim)).spawn_child("tests.echo", {"i": 0})
+    assert cancel(claim.run_id, cascade=False) == 1
+    # A second execution under the same claim: it must look up the step just recorded.
+    attempt = Attempt.of(dataclasses.replace(claim, has_steps=True))
+    attempt.notice_cancel()  # the worker noticed the request; the next step raises JobCanceled
+    assert execute(claim, attempt=attempt) is Outcome.CANCELED
+    # A waiting parent canceled with cascade=False keeps its children; a running one
+    # loses them when it ends canceled, because after_end() ignores the flag.
+    assert status_of(child) == Status.PENDING

@@ -5,10 +5,15 @@ from __future__ import annotations
 import time
 
 import pytest
+from django.db import transaction
 
-from django_jobs import lifecycle, start
+from django_jobs import JobContext, job, start, transitions
+from django_jobs.execution import Outcome, execute
 from django_jobs.models import JobRun, Status
+from django_jobs.storage import claiming
 from django_jobs.testing import drain
+from tests.factories import WorkerFactory
+from tests.helpers import status_of
 from tests.testapp.models import Execution
 
 pytestmark = pytest.mark.django_db
@@ -61,7 +66,7 @@ def test_durable_sleep_frees_the_run_and_resumes_after() -> None:
     assert run.status == Status.WAITING
     assert run.awaiting is None
     assert run.claimed_by_id is None
-    assert lifecycle.wake_sleepers() == 0  # not yet
+    assert transitions.wake_sleepers() == 0  # not yet
     assert drain() == 0
     time.sleep(0.35)
     assert drain() == 1  # woken by drain() itself
@@ -69,3 +74,28 @@ def test_durable_sleep_frees_the_run_and_resumes_after() -> None:
     assert (run.status, run.output, run.attempts) == (Status.COMPLETED, "rested", 1)
     names = list(Execution.objects.filter(run_id=run.pk).values_list("job_type", flat=True))
     assert sorted(names) == ["effect:after", "effect:before"]
+
+
+# --- a durable sleep inside the handler's own transaction --------------------------------
+
+
+@job("review.atomic_sleeper")
+def atomic_sleeper(ctx: JobContext) -> str:
+    # A handler that keeps its own work in one transaction (as @transaction.atomic would).
+    with transaction.atomic():
+        ctx.step("before", lambda: 1)
+        ctx.sleep("nap", 3600)
+    return "rested"
+
+
+@pytest.mark.django_db
+def test_a_durable_sleep_inside_the_handlers_own_transaction_is_not_lost() -> None:
+    run = start("review.atomic_sleeper")
+    (claim,) = claiming.claim_batch(WorkerFactory().pk, None, 1)
+    outcome = execute(claim)
+    # Either the sleep is recorded (waiting) or the handler is told it cannot sleep
+    # there (failed); never "running" under a lease nobody will ever write again.
+    assert (outcome, status_of(run)) in {
+        (Outcome.WAITING, Status.WAITING),
+        (Outcome.FAILED, Status.FAILED),
+    }

@@ -12,9 +12,10 @@ import pytest
 from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
 
-from django_jobs import claims, start_many
-from django_jobs.claims import Claim
+from django_jobs import start_many, transitions
 from django_jobs.models import JobRun, Status, Worker, WorkerStatus
+from django_jobs.storage import claiming, leases, workers
+from django_jobs.storage.claiming import Claim
 from tests.factories import JobRunFactory, RunningJobRunFactory, WorkerFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -43,14 +44,14 @@ def test_skip_locked_passes_over_rows_another_transaction_is_claiming() -> None:
     def claimer_a() -> None:
         # Hold the claim transaction open until B has claimed: A's rows stay locked.
         with transaction.atomic():
-            result["a"] = [c.run_id for c in claims.claim_batch(worker_a.pk, ["default"], 4)]
+            result["a"] = [c.run_id for c in claiming.claim_batch(worker_a.pk, ["default"], 4)]
             a_claimed.set()
             assert b_done.wait(10)
 
     @in_thread
     def claimer_b() -> None:
         assert a_claimed.wait(10)
-        result["b"] = [c.run_id for c in claims.claim_batch(worker_b.pk, ["default"], 10)]
+        result["b"] = [c.run_id for c in claiming.claim_batch(worker_b.pk, ["default"], 10)]
         b_done.set()
 
     with ThreadPoolExecutor(2) as pool:
@@ -70,7 +71,7 @@ def test_racing_claimers_never_share_a_run() -> None:
     @in_thread
     def drain_ids(worker: Worker) -> list[int]:
         got: list[int] = []
-        while batch := claims.claim_batch(worker.pk, ["default"], 7):
+        while batch := claiming.claim_batch(worker.pk, ["default"], 7):
             got.extend(c.run_id for c in batch)
         return got
 
@@ -92,15 +93,15 @@ def test_batch_honours_priority_then_run_at_and_skips_future_runs() -> None:
     JobRunFactory(priority=9, pool="elsewhere")  # other pool
     JobRunFactory(priority=9, status=Status.COMPLETED)
     worker = WorkerFactory()
-    batch = claims.claim_batch(worker.pk, ["default"], 3)
+    batch = claiming.claim_batch(worker.pk, ["default"], 3)
     assert [c.run_id for c in batch] == [early_high.pk, late_high.pk, mid.pk]
-    assert [c.run_id for c in claims.claim_batch(worker.pk, ["default"], 3)] == [low.pk]
+    assert [c.run_id for c in claiming.claim_batch(worker.pk, ["default"], 3)] == [low.pk]
 
 
 def test_claim_counts_the_attempt_and_takes_a_lease() -> None:
     worker = WorkerFactory()
     run = JobRunFactory(attempts=1)
-    (claim,) = claims.claim_batch(worker.pk, ["default"], 5)
+    (claim,) = claiming.claim_batch(worker.pk, ["default"], 5)
     run.refresh_from_db()
     assert (run.status, run.attempts, claim.attempt) == (Status.RUNNING, 2, 2)
     assert run.claimed_by_id == worker.pk
@@ -127,16 +128,16 @@ def test_claim_is_served_by_the_partial_index() -> None:
 def fenced_claim() -> tuple[Claim, JobRun]:
     worker = WorkerFactory()
     JobRunFactory()
-    (claim,) = claims.claim_batch(worker.pk, ["default"], 1)
+    (claim,) = claiming.claim_batch(worker.pk, ["default"], 1)
     return claim, JobRun.objects.get(pk=claim.run_id)
 
 
 @pytest.mark.parametrize(
     "write",
     [
-        lambda c: claims.complete(c, {"late": True}),
-        lambda c: claims.fail(c, {"type": "X"}),
-        lambda c: claims.reschedule(c, {"type": "X"}, 0),
+        lambda c: leases.complete(c, {"late": True}),
+        lambda c: leases.end(c, Status.FAILED, {"type": "X"}),
+        lambda c: leases.reschedule(c, {"type": "X"}, 0),
     ],
     ids=["complete", "fail", "reschedule"],
 )
@@ -158,24 +159,24 @@ def test_writes_after_the_lease_changed_write_nothing(write: Any) -> None:
 def test_writes_after_the_run_left_running_write_nothing() -> None:
     claim, run = fenced_claim()
     JobRun.objects.filter(pk=run.pk).update(status=Status.CANCELED, lease_token=None)
-    assert claims.complete(claim, {"late": True}) is False
+    assert leases.complete(claim, {"late": True}) is False
     run.refresh_from_db()
     assert (run.status, run.output) == (Status.CANCELED, None)
 
 
 def test_a_lease_token_exists_only_on_a_running_run() -> None:
-    # Fencing on the token alone (claims.fenced, batched completion, steps)
+    # Fencing on the token alone (leases.fenced, batched completion, steps)
     # relies on this constraint: a token always means running.
     claim, run = fenced_claim()
     with pytest.raises(IntegrityError), transaction.atomic():
         JobRun.objects.filter(pk=run.pk).update(status=Status.CANCELED)
     JobRun.objects.filter(pk=run.pk).update(status=Status.CANCELED, lease_token=None)
-    assert claims.complete(claim, {"late": True}) is False
+    assert leases.complete(claim, {"late": True}) is False
 
 
 def test_fenced_writes_land_while_the_lease_holds() -> None:
     claim, run = fenced_claim()
-    assert claims.complete(claim, {"ok": 1}) is True
+    assert leases.complete(claim, {"ok": 1}) is True
     run.refresh_from_db()
     assert (run.status, run.output, run.lease_token) == (Status.COMPLETED, {"ok": 1}, None)
     assert run.finished_at is not None
@@ -196,7 +197,7 @@ def test_rescue_takes_only_stale_workers_runs() -> None:
         claimed_by=live, started_at=timezone.now() - timedelta(days=2)
     )
     other_pool = RunningJobRunFactory(claimed_by=stale, pool="elsewhere")
-    assert claims.rescue_stale(["default"], stale_after=60) == (1, 1)
+    assert transitions.rescue_stale(["default"], stale_after=60) == (1, 1)
     for run in (lost_retry, lost_spent, long_running, other_pool):
         run.refresh_from_db()
     assert (lost_retry.status, lost_retry.attempts, lost_retry.lease_token) == (
@@ -216,7 +217,7 @@ def test_recent_heartbeat_is_not_stale() -> None:
     worker = WorkerFactory()
     make_stale(worker, seconds=30)
     run = RunningJobRunFactory(claimed_by=worker)
-    assert claims.rescue_stale(["default"], stale_after=60) == (0, 0)
+    assert transitions.rescue_stale(["default"], stale_after=60) == (0, 0)
     run.refresh_from_db()
     assert run.status == Status.RUNNING
 
@@ -229,7 +230,7 @@ def test_parallel_sweepers_rescue_each_run_once() -> None:
 
     @in_thread
     def sweep(_: int) -> tuple[int, int]:
-        return claims.rescue_stale(None, stale_after=60)
+        return transitions.rescue_stale(None, stale_after=60)
 
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(sweep, range(4), timeout=30))
@@ -240,10 +241,10 @@ def test_parallel_sweepers_rescue_each_run_once() -> None:
 def test_release_gives_back_only_own_runs_without_spending_attempts() -> None:
     me, other = WorkerFactory(), WorkerFactory()
     JobRunFactory.create_batch(2)
-    mine = claims.claim_batch(me.pk, ["default"], 2)
+    mine = claiming.claim_batch(me.pk, ["default"], 2)
     theirs = RunningJobRunFactory(claimed_by=other)
-    forged = Claim(row={"id": theirs.pk, "attempts": 1}, lease_token=theirs.lease_token)
-    assert claims.release(me.pk, [*mine, forged]) == 2
+    forged = Claim(run_id=theirs.pk, attempt=1, lease_token=theirs.lease_token)
+    assert leases.release(me.pk, [*mine, forged]) == 2
     theirs.refresh_from_db()
     assert theirs.status == Status.RUNNING
     for claim in mine:
@@ -254,11 +255,11 @@ def test_release_gives_back_only_own_runs_without_spending_attempts() -> None:
 def test_heartbeat_updates_the_worker_row() -> None:
     worker = WorkerFactory()
     make_stale(worker)
-    assert claims.heartbeat(worker.pk, WorkerStatus.STOPPING) is True
+    assert workers.heartbeat(worker.pk, WorkerStatus.STOPPING) is True
     worker.refresh_from_db()
     assert worker.status == WorkerStatus.STOPPING
     assert timezone.now() - worker.heartbeat_at < timedelta(minutes=1)
-    assert claims.heartbeat(uuid.uuid4(), WorkerStatus.RUNNING) is False
+    assert workers.heartbeat(uuid.uuid4(), WorkerStatus.RUNNING) is False
 
 
 def test_a_rescued_run_without_attempts_closes_its_children_and_wakes_its_parent() -> None:
@@ -268,7 +269,7 @@ def test_a_rescued_run_without_attempts_closes_its_children_and_wakes_its_parent
     lost = RunningJobRunFactory(claimed_by=stale, attempts=1, max_attempts=1, parent=parent)
     JobRun.objects.filter(pk=parent.pk).update(awaiting=[lost.pk])
     grandchild = JobRunFactory(parent=lost, root=parent)
-    assert claims.rescue_stale(None, stale_after=60) == (0, 1)
+    assert transitions.rescue_stale(None, stale_after=60) == (0, 1)
     assert JobRun.objects.get(pk=lost.pk).status == Status.FAILED
     assert JobRun.objects.get(pk=grandchild.pk).status == Status.CANCELED
     assert JobRun.objects.get(pk=parent.pk).status == Status.PENDING
@@ -285,7 +286,7 @@ def test_a_worker_holding_running_runs_cannot_be_deleted_so_they_are_not_rescued
     with pytest.raises(ProtectedError):
         Worker.objects.filter(pk=worker.pk).delete()
     # The live worker's run stays where it is: nothing to rescue.
-    assert claims.rescue_stale(None, stale_after=60) == (0, 0)
+    assert transitions.rescue_stale(None, stale_after=60) == (0, 0)
     run.refresh_from_db()
     assert (run.status, run.claimed_by_id) == (Status.RUNNING, worker.pk)
 

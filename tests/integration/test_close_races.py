@@ -2,7 +2,8 @@
 
 Two real connections: one moves a running child to waiting (or pending) and
 holds its transaction open; the other cancels the parent meanwhile. Whatever
-the order of their commits, the child must end canceled.
+the order of their commits, the child must end canceled. A child completing
+while its waiting parent is canceled must not deadlock with the cancel.
 """
 
 from __future__ import annotations
@@ -10,26 +11,29 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.db import connections, transaction
 from django.utils import timezone
 
-from django_jobs import api, claims, lifecycle
-from django_jobs.claims import Claim
+from django_jobs import api, cancel, start, transitions
+from django_jobs.execution import Outcome, execute
 from django_jobs.models import ClosePolicy, JobRun, Status
-from tests.factories import JobRunFactory, RunningJobRunFactory
-from tests.helpers import lock_waiters, wait_until
+from django_jobs.storage import claiming, leases
+from django_jobs.storage.claiming import Claim
+from tests.factories import JobRunFactory, RunningJobRunFactory, WorkerFactory
+from tests.helpers import in_thread, lock_waiters, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _suspend(claim: Claim) -> None:
-    assert lifecycle.suspend_until(claim, timezone.now() + timedelta(hours=1)) == "suspended"
+    assert transitions.suspend_until(claim, timezone.now() + timedelta(hours=1)) == "suspended"
 
 
 def _reschedule(claim: Claim) -> None:
-    assert claims.reschedule(claim, {"type": "x", "message": "again"}, 3600)
+    assert leases.reschedule(claim, {"type": "x", "message": "again"}, 3600)
 
 
 @pytest.mark.parametrize("move", [_suspend, _reschedule], ids=["to waiting", "to pending"])
@@ -41,7 +45,7 @@ def test_a_request_cancel_child_changing_state_while_its_parent_is_canceled_is_c
         parent=parent, root=parent, close_policy=ClosePolicy.REQUEST_CANCEL
     )
     JobRun.objects.filter(pk=parent.pk).update(awaiting=[child.pk])
-    claim = Claim(row={"id": child.pk, "attempts": 1}, lease_token=child.lease_token)
+    claim = Claim(run_id=child.pk, attempt=1, lease_token=child.lease_token)
     moved, commit = threading.Event(), threading.Event()
     errors: list[BaseException] = []
 
@@ -82,3 +86,37 @@ def test_a_request_cancel_child_changing_state_while_its_parent_is_canceled_is_c
     assert parent.status == Status.CANCELED
     assert child.status == Status.CANCELED, (child.status, child.cancel_requested_at)
     assert child.cancel_reason == f"parent run {parent.pk} canceled"
+
+
+# --- a child completing while its parent is canceled: no deadlock ------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_canceling_a_waiting_parent_while_its_child_completes_does_not_deadlock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    worker = WorkerFactory()
+    parent = start("tests.parent", {"n": 1})  # the child is a tests.echo, pool "echo"
+    (parent_claim,) = claiming.claim_batch(worker.pk, ["default"], 1)
+    assert execute(parent_claim) is Outcome.WAITING
+    (child_claim,) = claiming.claim_batch(worker.pk, ["echo"], 1)
+
+    # Hold the child's completion between its fenced UPDATE (child row locked) and
+    # the wake-up of its parent (parent row locked next): the real order of _write.
+    child_row_locked, go_on = threading.Event(), threading.Event()
+    real_after_end = transitions.follow_up
+
+    def after_end(*args: Any) -> int:
+        child_row_locked.set()
+        go_on.wait(10)
+        return real_after_end(*args)
+
+    monkeypatch.setattr(transitions, "follow_up", after_end)
+    child_thread, _ = in_thread(lambda: execute(child_claim))
+    assert child_row_locked.wait(10)
+    cancel_thread, canceled = in_thread(lambda: cancel(parent.pk))
+    wait_until(lambda: lock_waiters() >= 1, timeout=10)  # cancel() waits for the child row
+    go_on.set()
+    child_thread.join(30)
+    cancel_thread.join(30)
+    assert "error" not in canceled, f"cancel() raised {canceled.get('error')!r}"

@@ -7,11 +7,14 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from django_jobs import claims, start
+from django_jobs import JobContext, RetryPolicy, job, start
 from django_jobs.execution import Outcome, execute
 from django_jobs.models import JobRun, Status
+from django_jobs.storage import claiming, leases
+from django_jobs.storage.claiming import Claim
 from django_jobs.testing import drain
 from tests.factories import JobRunFactory, WorkerFactory
+from tests.helpers import status_of
 from tests.testapp.models import Execution
 
 pytestmark = pytest.mark.django_db
@@ -19,7 +22,7 @@ pytestmark = pytest.mark.django_db
 
 def run_once(job_type: str, input: dict[str, object] | None = None) -> tuple[Outcome, JobRun]:
     run = start(job_type, input)
-    (claim,) = claims.claim_batch(WorkerFactory().pk, None, 1)
+    (claim,) = claiming.claim_batch(WorkerFactory().pk, None, 1)
     assert claim.run_id == run.pk
     outcome = execute(claim)
     run.refresh_from_db()
@@ -82,7 +85,7 @@ def test_output_that_is_not_json_fails_the_run() -> None:
 
 def test_unknown_job_type_at_the_worker_fails_clearly() -> None:
     JobRunFactory(job_type="removed.handler")
-    (claim,) = claims.claim_batch(WorkerFactory().pk, None, 1)
+    (claim,) = claiming.claim_batch(WorkerFactory().pk, None, 1)
     assert execute(claim) is Outcome.FAILED
     run = JobRun.objects.get(pk=claim.run_id)
     assert run.status == Status.FAILED
@@ -91,7 +94,7 @@ def test_unknown_job_type_at_the_worker_fails_clearly() -> None:
 
 def test_lost_lease_is_reported_and_nothing_written() -> None:
     start("tests.echo", {"a": 1})
-    (claim,) = claims.claim_batch(WorkerFactory().pk, None, 1)
+    (claim,) = claiming.claim_batch(WorkerFactory().pk, None, 1)
     JobRun.objects.filter(pk=claim.run_id).update(status=Status.CANCELED, lease_token=None)
     assert execute(claim) is Outcome.LOST
     assert JobRun.objects.get(pk=claim.run_id).output is None
@@ -129,12 +132,12 @@ def test_the_attempts_stored_at_enqueue_bound_the_retries(stored: int, attempts:
     assert (run.status, run.attempts) == (Status.FAILED, attempts)
 
 
-def _claimed_child() -> tuple[JobRun, claims.Claim]:
+def _claimed_child() -> tuple[JobRun, Claim]:
     """A waiting parent and its only child, claimed."""
     parent = JobRunFactory(status=Status.WAITING, job_type="tests.parent")
     child = JobRunFactory(job_type="tests.noop", parent=parent, root=parent)
     JobRun.objects.filter(pk=parent.pk).update(awaiting=[child.pk])
-    (claim,) = claims.claim_batch(WorkerFactory().pk, None, 1)
+    (claim,) = claiming.claim_batch(WorkerFactory().pk, None, 1)
     assert claim.run_id == child.pk
     return parent, claim
 
@@ -149,7 +152,7 @@ def test_a_child_ended_by_the_executors_last_resort_wakes_its_parent(
     def broken(*args: object) -> Outcome:
         raise RuntimeError("a bug of ours")
 
-    monkeypatch.setattr(execution, "_prepare", broken)
+    monkeypatch.setattr(execution, "decide", broken)
     assert execute(claim) == Outcome.FAILED
     child = JobRun.objects.get(pk=claim.run_id)
     assert (child.status, child.error["type"]) == (
@@ -166,7 +169,7 @@ def test_a_child_whose_outcome_the_database_refuses_still_wakes_its_parent(
     from django.db import DatabaseError
 
     parent, claim = _claimed_child()
-    real_end = claims.end
+    real_end = leases.end
     calls = {"end": 0}
 
     def refuse_complete(*args: object) -> bool:
@@ -178,8 +181,49 @@ def test_a_child_whose_outcome_the_database_refuses_still_wakes_its_parent(
             raise DatabaseError("refused again")
         return real_end(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(claims, "complete", refuse_complete)
-    monkeypatch.setattr(claims, "end", refuse_end)
+    monkeypatch.setattr(leases, "complete", refuse_complete)
+    monkeypatch.setattr(leases, "end", refuse_end)
     assert execute(claim) == Outcome.FAILED
     assert JobRun.objects.get(pk=claim.run_id).status == Status.FAILED
     assert JobRun.objects.get(pk=parent.pk).status == Status.PENDING
+
+
+# --- a run always ends, whatever its handler raises --------------------------------------
+
+
+class UnprintableError(Exception):
+    """An exception whose message cannot be rendered (a buggy third-party exception)."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("this exception cannot be printed")
+
+
+@job("review.unprintable_error")
+def unprintable_error(ctx: JobContext) -> None:
+    raise UnprintableError()
+
+
+@job("review.nul_error", retry=RetryPolicy(attempts=3, base_delay=0, jitter=False))
+def nul_error(ctx: JobContext) -> None:
+    raise RuntimeError("bad byte \x00 in a message from a C library")
+
+
+@pytest.mark.django_db
+def test_an_exception_whose_str_raises_still_ends_the_run() -> None:
+    run = start("review.unprintable_error")
+    (claim,) = claiming.claim_batch(WorkerFactory().pk, None, 1)
+    try:
+        execute(claim)  # documented: "Never raises for the run"
+    except Exception as exc:
+        pytest.fail(f"execute() raised {exc!r}; run left {status_of(run)}")
+    assert status_of(run) == Status.FAILED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_retryable_error_with_a_nul_in_its_message_is_retried() -> None:
+    run = start("review.nul_error")
+    (claim,) = claiming.claim_batch(WorkerFactory().pk, None, 1)
+    execute(claim)
+    run.refresh_from_db()
+    assert run.status == Status.PENDING, run.error["message"]
+    assert run.error["type"] == "builtins.RuntimeError"

@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from django_jobs import claims, start
+from django_jobs import start, transitions
 from django_jobs.exceptions import WorkerLost
 from django_jobs.execution import execute
 from django_jobs.models import JobRun, Status
 from django_jobs.signals import run_failed, run_retry_scheduled
+from django_jobs.storage import claiming
 from tests.factories import RunningJobRunFactory, WorkerFactory
 
 pytestmark = pytest.mark.django_db
@@ -39,7 +40,7 @@ def received() -> Iterator[list[tuple[str, dict[str, Any]]]]:
 
 def run_once(job_type: str) -> JobRun:
     run = start(job_type)
-    (claim,) = claims.claim_batch(WorkerFactory().pk, None, 1)
+    (claim,) = claiming.claim_batch(WorkerFactory().pk, None, 1)
     execute(claim)
     run.refresh_from_db()
     return run
@@ -110,7 +111,7 @@ def test_a_run_failed_by_the_rescue_sweep_carries_worker_lost(
 ) -> None:
     dead = WorkerFactory(heartbeat_at=timezone.now() - timedelta(hours=1))
     run = RunningJobRunFactory(claimed_by=dead, max_attempts=1)
-    assert claims.rescue_stale(None, stale_after=60) == (0, 1)
+    assert transitions.rescue_stale(None, stale_after=60) == (0, 1)
     ((name, kwargs),) = received
     assert (name, kwargs["run_id"]) == ("failed", run.pk)
     assert isinstance(kwargs["exception"], WorkerLost)

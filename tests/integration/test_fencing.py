@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 
 import pytest
 
-from django_jobs import claims, start
+from django_jobs import start
+from django_jobs.attempt import Attempt
 from django_jobs.context import JobContext, LeaseLost
 from django_jobs.execution import Outcome, execute
 from django_jobs.models import JobRun, JobStep, Status
+from django_jobs.storage import claiming
+from django_jobs.storage.claiming import Claim
 from tests.factories import WorkerFactory
 
 pytestmark = pytest.mark.django_db
@@ -18,13 +20,22 @@ pytestmark = pytest.mark.django_db
 
 def claimed_context(job_type: str = "tests.noop") -> JobContext:
     start(job_type)
-    (claim,) = claims.claim_batch(WorkerFactory().pk, None, 1)
-    return JobContext(claim)
+    (claim,) = claiming.claim_batch(WorkerFactory().pk, None, 1)
+    return JobContext(Attempt.of(claim))
 
 
 def replay_of(ctx: JobContext) -> JobContext:
     """A later execution of the run: its claim knows that steps were recorded."""
-    return JobContext(dataclasses.replace(ctx.claim, has_steps=True))
+    run = JobRun.objects.get(pk=ctx.run_id)
+    assert run.lease_token is not None
+    claim = Claim(
+        run_id=run.pk,
+        attempt=run.attempts,
+        lease_token=run.lease_token,
+        job_type=run.job_type,
+        has_steps=True,
+    )
+    return JobContext(Attempt.of(claim))
 
 
 def steal(ctx: JobContext) -> None:
@@ -68,7 +79,7 @@ def test_a_replayed_spawn_returns_the_same_child() -> None:
 
 def test_a_handler_whose_lease_is_lost_mid_run_ends_lost() -> None:
     start("tests.three_steps")
-    (claim,) = claims.claim_batch(WorkerFactory().pk, None, 1)
+    (claim,) = claiming.claim_batch(WorkerFactory().pk, None, 1)
     JobRun.objects.filter(pk=claim.run_id).update(status=Status.CANCELED, lease_token=None)
     assert execute(claim) is Outcome.LOST
     assert not JobStep.objects.exists()

@@ -11,16 +11,21 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.core.management import CommandError, call_command
 from django.test import Client
+from django.urls import reverse
 
 from django_jobs import cancel, start
 from django_jobs.admin import display
+from django_jobs.errors import MAX_ERROR_MESSAGE, MAX_TRACEBACK
 from django_jobs.exceptions import InvalidJobInput, RunNotFound
-from django_jobs.execution import MAX_ERROR_MESSAGE, MAX_TRACEBACK
 from django_jobs.models import JobRun, JobStep
 from django_jobs.payloads import MAX_DEPTH
 from django_jobs.testing import drain
+from tests.factories import JobRunFactory
+from tests.helpers import operator
 
 pytestmark = pytest.mark.django_db
+
+CHANGELIST = reverse("admin:django_jobs_jobrun_changelist")
 
 
 def nested(depth: int) -> Any:
@@ -69,10 +74,10 @@ def test_the_run_list_does_not_load_payloads(admin_client: Client) -> None:
     [(0, 10**400), (10**400, None), (float("nan"), None), (1e16, None), (-1, None)],
 )
 def test_progress_beyond_a_sane_range_is_refused(done: Any, total: Any) -> None:
-    from django_jobs.context import _progress
+    from django_jobs.context import progress_record
 
     with pytest.raises(ValueError, match="set_progress"):
-        _progress(done, total, "")
+        progress_record(done, total, "")
 
 
 def test_stored_hostile_progress_renders_in_the_admin_and_jobstatus(
@@ -94,9 +99,9 @@ def test_stored_hostile_progress_renders_in_the_admin_and_jobstatus(
 
 
 def test_a_progress_message_loses_its_control_characters() -> None:
-    from django_jobs.context import _progress
+    from django_jobs.context import progress_record
 
-    record = _progress(1, 2, "\x1b[1;31mFAKE: all pools healthy")
+    record = progress_record(1, 2, "\x1b[1;31mFAKE: all pools healthy")
     assert record["message"] == " [1;31mFAKE: all pools healthy"
 
 
@@ -408,3 +413,27 @@ def test_failed_steps_errors_render_cut_and_load_only_their_cuts(admin_client: C
     assert f'href="/admin/django_jobs/jobrun/{run.pk}/steps/{step.pk}/error/"' in html
     step_queries = [q["sql"] for q in queries if "django_jobs_jobstep" in q["sql"]]
     assert not any('"django_jobs_jobstep"."error",' in sql for sql in step_queries)
+
+
+# --- the admin under many children and odd search terms ----------------------------------
+
+
+@pytest.mark.django_db
+def test_the_run_page_of_a_run_with_more_than_50_children_renders() -> None:
+    # children_links calls format_html() without arguments for the "more" line:
+    # deprecated in Django 5.x (an error under -W error), a TypeError in Django 6.
+    parent = JobRunFactory()
+    JobRunFactory.create_batch(51, parent=parent, root=parent)
+    client = operator()
+    client.raise_request_exception = False
+    url = reverse("admin:django_jobs_jobrun_change", args=[parent.pk])
+    assert client.get(url).status_code == 200
+
+
+@pytest.mark.django_db
+def test_searching_a_unicode_digit_does_not_crash_the_changelist() -> None:
+    JobRunFactory()
+    client = operator()
+    client.raise_request_exception = False
+    # "²".isdigit() is True but int("²") raises ValueError.
+    assert client.get(CHANGELIST, {"q": "²"}).status_code == 200

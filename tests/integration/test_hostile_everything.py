@@ -22,8 +22,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_jobs import cancel, start
-from django_jobs.context import _progress
-from django_jobs.execution import error_record
+from django_jobs.context import progress_record
+from django_jobs.errors import error_record
 from django_jobs.models import JobPool, JobRun, JobStep, Status, Worker
 from django_jobs.payloads import MAX_DEPTH, normalize
 
@@ -79,7 +79,7 @@ def hostile() -> JobRun:
         attempts=1,
         output=normalize(deep(1_000_000), what="output"),
         error=failure,
-        progress=_progress(10**15, 10**15, EVIL * 100),
+        progress=progress_record(10**15, 10**15, EVIL * 100),
         worker_ids=[EVIL[:36]] * 3,
         started_at=timezone.now(),
         finished_at=timezone.now(),

@@ -8,8 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from django.db import IntegrityError, connections, transaction
 
-from django_jobs import claims, start
+from django_jobs import start
 from django_jobs.models import JobRun, Status
+from django_jobs.storage import claiming, leases
 from tests.factories import JobRunFactory, RunningJobRunFactory, WorkerFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -28,7 +29,7 @@ def test_a_blocked_run_is_skipped_and_the_claim_takes_others() -> None:
     blocked = JobRunFactory(concurrency_key="order:1", priority=10)
     free = JobRunFactory(concurrency_key="order:2")
     plain = JobRunFactory()
-    claimed = {c.run_id for c in claims.claim_batch(worker.pk, ["default"], 10)}
+    claimed = {c.run_id for c in claiming.claim_batch(worker.pk, ["default"], 10)}
     assert claimed == {free.pk, plain.pk}
     assert JobRun.objects.get(pk=blocked.pk).status == Status.PENDING
 
@@ -36,11 +37,11 @@ def test_a_blocked_run_is_skipped_and_the_claim_takes_others() -> None:
 def test_one_batch_takes_one_run_per_key() -> None:
     worker = WorkerFactory()
     runs = [JobRunFactory(concurrency_key="k") for _ in range(5)]
-    batch = claims.claim_batch(worker.pk, ["default"], 10)
+    batch = claiming.claim_batch(worker.pk, ["default"], 10)
     assert [c.run_id for c in batch] == [runs[0].pk]
-    assert claims.claim_batch(worker.pk, ["default"], 10) == []
-    assert claims.complete(batch[0], None)
-    assert [c.run_id for c in claims.claim_batch(worker.pk, ["default"], 10)] == [runs[1].pk]
+    assert claiming.claim_batch(worker.pk, ["default"], 10) == []
+    assert leases.complete(batch[0], None)
+    assert [c.run_id for c in claiming.claim_batch(worker.pk, ["default"], 10)] == [runs[1].pk]
 
 
 def test_racing_claimers_never_run_one_key_twice() -> None:
@@ -52,7 +53,7 @@ def test_racing_claimers_never_run_one_key_twice() -> None:
     def claim_once(worker_id: object) -> list[int]:
         try:
             barrier.wait(10)
-            return [c.run_id for c in claims.claim_batch(worker_id, ["default"], 10)]  # type: ignore[arg-type]
+            return [c.run_id for c in claiming.claim_batch(worker_id, ["default"], 10)]  # type: ignore[arg-type]
         finally:
             connections.close_all()
 

@@ -197,7 +197,7 @@ def test_without_opentelemetry_there_is_no_span(monkeypatch: pytest.MonkeyPatch)
 
 @pytest.mark.django_db(transaction=True)
 def test_a_run_the_watchdog_ended_is_counted_once(registry: CollectorRegistry) -> None:
-    from django_jobs.worker import Worker as JobWorker
+    from django_jobs.worker import JobWorker
 
     run = start("tests.slow", {"seconds": 1.5})
     assert JobWorker(["default"], burst=True, poll_interval=0.05).run() == 0

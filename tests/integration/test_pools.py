@@ -10,9 +10,10 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 from django.urls import reverse
 
-from django_jobs import claims, start
+from django_jobs import start
 from django_jobs.models import JobPool, JobRun, Status
 from django_jobs.pools import pause_pool, paused_pools, resume_pool
+from django_jobs.storage import claiming, workers
 from django_jobs.testing import drain
 from tests.factories import JobRunFactory, WorkerFactory
 
@@ -23,7 +24,7 @@ POOLS = reverse("admin:django_jobs_jobrun_pools")
 
 def claimed(pools: list[str] | None, limit: int = 10) -> set[int]:
     worker = WorkerFactory(pools=pools or [])
-    return {claim.run_id for claim in claims.claim_batch(worker.pk, pools, limit)}
+    return {claim.run_id for claim in claiming.claim_batch(worker.pk, pools, limit)}
 
 
 @pytest.mark.parametrize("pools", [["default", "mail"], None])
@@ -42,11 +43,12 @@ def test_the_two_statement_claim_also_skips_paused_pools() -> None:
     mail = JobRunFactory(pool="mail")
     pause_pool("mail")
     worker = WorkerFactory()
-    assert claims._claim(worker.pk, claims._candidates(["mail"]), 10) == []
+    assert claiming.claim_two_statements(worker.pk, claiming.candidates(["mail"]), 10) == []
     resume_pool("mail")
-    assert [c.run_id for c in claims._claim(worker.pk, claims._candidates(["mail"]), 10)] == [
-        mail.pk
-    ]
+    assert [
+        c.run_id
+        for c in claiming.claim_two_statements(worker.pk, claiming.candidates(["mail"]), 10)
+    ] == [mail.pk]
 
 
 def test_drain_leaves_a_paused_pool_alone() -> None:
@@ -84,8 +86,8 @@ def test_bad_pause_reasons_are_refused(reason: object) -> None:
 
 
 def test_a_worker_records_the_pools_it_serves() -> None:
-    claims.register_worker("host", 1, ["default", "mail"], 4)
-    claims.register_worker("host", 2, ["mail"], 4)
+    workers.register_worker("host", 1, ["default", "mail"], 4)
+    workers.register_worker("host", 2, ["mail"], 4)
     assert list(JobPool.objects.values_list("name", flat=True)) == ["default", "mail"]
     assert paused_pools() == {}
 

@@ -10,9 +10,10 @@ from django.test import Client
 from django.urls import reverse
 
 from django_jobs import context, retry
-from django_jobs.claims import Claim
+from django_jobs.attempt import Attempt
 from django_jobs.context import JobContext, LeaseLost
 from django_jobs.models import JobRun, Status
+from django_jobs.storage.claiming import Claim
 from django_jobs.testing import drain
 from tests.factories import RunningJobRunFactory
 
@@ -37,7 +38,7 @@ def held(run: JobRun) -> JobContext:
         "cancel_requested_at": None,
     }
     assert run.lease_token is not None
-    return JobContext(Claim(row=row, lease_token=run.lease_token))
+    return JobContext(Attempt.of(Claim.from_row(row, run.lease_token)))
 
 
 def stored(run: JobRun) -> Any:
@@ -117,18 +118,21 @@ def test_an_automatic_retry_clears_the_attempts_progress() -> None:
 
 
 def test_rescue_and_release_clear_the_progress() -> None:
-    from django_jobs import claims
+    from django_jobs import transitions
+    from django_jobs.storage import leases
 
     rescued = RunningJobRunFactory(claimed_by=None, max_attempts=3)
     held(rescued).set_progress(1, 10)
-    assert claims.rescue_stale(None, stale_after=30) == (1, 0)
+    assert transitions.rescue_stale(None, stale_after=30) == (1, 0)
     assert stored(rescued) is None
 
     released = RunningJobRunFactory()
     ctx = held(released)
     ctx.set_progress(1, 10)
     assert released.claimed_by_id is not None
-    assert claims.release(released.claimed_by_id, [ctx.claim]) == 1
+    assert released.lease_token is not None
+    claim = Claim(run_id=released.pk, attempt=released.attempts, lease_token=released.lease_token)
+    assert leases.release(released.claimed_by_id, [claim]) == 1
     assert stored(released) is None
 
 

@@ -17,11 +17,11 @@ from django.test import Client
 from django_jobs import Schedule, job, scheduler
 from django_jobs.admin.schedules import JobScheduleAdmin
 from django_jobs.models import JobRun, JobSchedule, Status
-from django_jobs.registry import JobHandler, unregister
+from django_jobs.registry import JobHandler, all_handlers, unregister
 from django_jobs.scheduler import Scheduler, fire, run_schedules, sync
 from django_jobs.schedules import CATCH_UP_LIMIT, Entry, entries
 from django_jobs.testing import drain
-from django_jobs.worker import Worker
+from django_jobs.worker import JobWorker
 from tests.helpers import lock_waiters, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -53,7 +53,7 @@ def declare() -> Iterator[Declare]:
 
 
 def entry(name: str) -> Entry:
-    (found,) = [e for e in entries() if e.name == name]
+    (found,) = [e for e in entries(all_handlers()) if e.name == name]
     return found
 
 
@@ -399,7 +399,7 @@ def test_worker_catches_up_missed_ticks_and_runs_them(declare: Declare) -> None:
     declare("sched.worker", Schedule("* * * * *", timezone="UTC", missed="catch_up"))
     last = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=3)
     seed("sched.worker", last)
-    worker = Worker(["default"], concurrency=2, poll_interval=0.05)
+    worker = JobWorker(["default"], concurrency=2, poll_interval=0.05)
     thread = threading.Thread(target=lambda: _closing(worker.run))
     thread.start()
     try:
@@ -416,12 +416,12 @@ def test_worker_catches_up_missed_ticks_and_runs_them(declare: Declare) -> None:
 
 def test_scheduler_thread_only_when_asked_and_there_are_schedules(declare: Declare) -> None:
     # The test app declares no schedules, so other tests' workers schedule nothing.
-    assert Worker(["default"])._start_scheduler() is None
+    assert JobWorker(["default"]).start_scheduler() is None
     declare("sched.thread", "@hourly")
-    assert Worker(["default"], scheduler=False)._start_scheduler() is None
-    assert Worker(["elsewhere"])._start_scheduler() is None
-    worker = Worker(["default"])
-    thread = worker._start_scheduler()
+    assert JobWorker(["default"], scheduler=False).start_scheduler() is None
+    assert JobWorker(["elsewhere"]).start_scheduler() is None
+    worker = JobWorker(["default"])
+    thread = worker.start_scheduler()
     assert thread is not None
     assert thread.name == "django-jobs-scheduler"
     wait_until(lambda: JobSchedule.objects.filter(name="sched.thread").exists())

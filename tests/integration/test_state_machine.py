@@ -14,6 +14,7 @@ tenant's key names one run of that tenant.
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 from typing import Any
 
@@ -22,11 +23,13 @@ from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from django_jobs import cancel, claims, execution, lifecycle, retry, start
-from django_jobs.context import JobContext
+from django_jobs import cancel, execution, retry, start, transitions
+from django_jobs.attempt import Attempt
 from django_jobs.exceptions import InvalidTransition
-from django_jobs.models import TERMINAL_STATUSES, ClosePolicy, JobRun, JobStep, Status, Worker
+from django_jobs.models import FINISHED_STATUSES, ClosePolicy, JobRun, JobStep, Status, Worker
 from django_jobs.registry import get_handler
+from django_jobs.storage import claiming, leases, workers
+from django_jobs.storage.claiming import Claim
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -74,9 +77,9 @@ class Model:
     """What the test knows: the runs it started, and every claim ever handed out."""
 
     def __init__(self) -> None:
-        self.workers = [claims.register_worker("w", n, None, 4).pk for n in (1, 2)]
+        self.workers = [workers.register_worker("w", n, None, 4).pk for n in (1, 2)]
         self.runs: list[int] = []
-        self.held: list[claims.Claim] = []
+        self.held: list[Claim] = []
         self.holder: dict[Any, Any] = {}  # lease token -> the worker that claimed it
         self.last: dict[int, str] = {}
         self.keyed: dict[tuple[str | None, str], int] = {}  # (tenant, key) -> run
@@ -99,7 +102,7 @@ class Model:
                 self.runs.append(run.pk)
         elif name == "start child":
             parent_id = self.pick(self.runs, arg)
-            if self.last.get(parent_id) in TERMINAL_STATUSES:
+            if self.last.get(parent_id) in FINISHED_STATUSES:
                 return  # children are started by unfinished parents
             child = start("tests.flaky", {"succeed_on": 99}, parent=parent_id)
             JobRun.objects.filter(pk=child.pk).update(close_policy=ClosePolicy.REQUEST_CANCEL)
@@ -107,7 +110,7 @@ class Model:
         elif name == "timeout":
             self.timeout(arg)
         elif name == "claim":
-            batch = claims.claim_batch(self.workers[arg], None, 2)
+            batch = claiming.claim_batch(self.workers[arg], None, 2)
             self.held += batch
             self.holder.update({claim.lease_token: self.workers[arg] for claim in batch})
         elif name in ("release", "sleep"):
@@ -117,25 +120,25 @@ class Model:
             run = JobRun.objects.get(pk=claim.run_id)
             holds = run.lease_token == claim.lease_token
             if name == "release":
-                wrote = claims.release(self.holder[claim.lease_token], [claim]) == 1
+                wrote = leases.release(self.holder[claim.lease_token], [claim]) == 1
                 assert wrote == holds
             else:
                 until = timezone.now() + timedelta(hours=1)
-                outcome = lifecycle.suspend_until(claim, until)
+                outcome = transitions.suspend_until(claim, until)
                 # A run asked to cancel does not suspend: it must end now.
                 asked = run.cancel_requested_at is not None
-                assert (outcome == lifecycle.SUSPENDED) == (holds and not asked)
+                assert (outcome == transitions.SUSPENDED) == (holds and not asked)
         elif name in ("complete", "fail", "reschedule"):
             claim = self.pick(self.held, arg)
             if claim is None:
                 return
             current = JobRun.objects.get(pk=claim.run_id).lease_token
             if name == "complete":
-                wrote = claims.complete(claim, {"ok": True})
+                wrote = leases.complete(claim, {"ok": True})
             elif name == "fail":
-                wrote = claims.fail(claim, ERROR)
+                wrote = leases.end(claim, S.FAILED, ERROR)
             else:
-                wrote = claims.reschedule(claim, ERROR, 3600)
+                wrote = leases.reschedule(claim, ERROR, 3600)
             # A write lands exactly when the claim still holds the lease.
             assert wrote == (current == claim.lease_token)
         elif name == "cancel":
@@ -146,7 +149,7 @@ class Model:
                     # Its children are ended, or asked to cancel when running.
                     for child in JobRun.objects.filter(parent_id=run_id):
                         assert (
-                            child.status in TERMINAL_STATUSES
+                            child.status in FINISHED_STATUSES
                             or child.cancel_requested_at is not None
                         ), (child.pk, child.status)
         elif name == "retry":
@@ -159,43 +162,41 @@ class Model:
         elif name == "rescue":
             stale = self.workers[arg]
             Worker.objects.filter(pk=stale).update(heartbeat_at=timezone.now() - timedelta(hours=1))
-            claims.rescue_stale(None, 60)
+            transitions.rescue_stale(None, 60)
             Worker.objects.filter(pk=stale).update(heartbeat_at=timezone.now(), status="running")
         elif name == "time passes":
             JobRun.objects.filter(status__in=[S.PENDING, S.WAITING]).update(run_at=timezone.now())
-            lifecycle.wake_sleepers()
+            transitions.wake_sleepers()
 
     def timeout(self, arg: int) -> None:
         """A run past its timeout: the watchdog's timeout and the handler's end, in
         either order; the handler ends by a JobCanceled (the watchdog's stop, or a
         cancel request of its own) or by returning late."""
-        claim = self.pick(
-            [c for c in self.held if c.row["job_type"] == "tests.timed_cooperative"], arg
-        )
+        claim = self.pick([c for c in self.held if c.job_type == "tests.timed_cooperative"], arg)
         if claim is None:
             # Start one and claim it (its own pool: other due runs stay pending).
             self.runs.append(start("tests.timed_cooperative", {"seconds": 5}, pool="timed").pk)
             worker = self.workers[arg % 2]
-            batch = claims.claim_batch(worker, ["timed"], 1)
+            batch = claiming.claim_batch(worker, ["timed"], 1)
             self.held += batch
             self.holder.update({c.lease_token: worker for c in batch})
             claim = batch[0]
         handler = get_handler("tests.timed_cooperative")
-        ctx = JobContext(claim, timeout=0.3)
-        ctx.deadline = ctx.started - 1  # the timeout has passed
+        # The handler returns at once (0: too late), or after a little while.
+        claim = dataclasses.replace(claim, input={"seconds": 0.02 * (arg % 3)})
+        attempt = Attempt(claim, handler)
+        attempt.deadline = attempt.started - 1  # the timeout has passed
         holds = JobRun.objects.filter(pk=claim.run_id, lease_token=claim.lease_token).exists()
 
         def watchdog() -> None:
-            if ctx.fence_off():
-                ctx.request_cancel()
-                execution.settle(claim, execution.timeout_write(handler, claim), None)
+            if attempt.fence_off():
+                attempt.notice_cancel()
+                execution.record(claim, execution.timed_out(handler, claim), None)
 
         def handler_ends() -> None:
-            ctx.input = {"seconds": 0.02 * (arg % 3)}  # 0: returns at once, too late
             if arg % 3 == 1:
-                ctx.request_cancel()  # a cancel request noticed, or the watchdog's stop
-            write = execution._run_handler(handler, ctx, claims.complete, None)
-            execution.settle(claim, write, None)
+                attempt.notice_cancel()  # a cancel request noticed, or the watchdog's stop
+            execution.record(claim, execution.decide(attempt), None)
 
         if arg % 2:
             watchdog()

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from django_jobs.models import Status, WorkerStatus
 from django_jobs.pools import pause_pool
-from django_jobs.status import snapshot
+from django_jobs.snapshot import snapshot
 from tests.factories import JobRunFactory, RunningJobRunFactory, WorkerFactory
 
 pytestmark = pytest.mark.django_db
@@ -80,7 +80,7 @@ def test_ages_are_measured_on_the_database_clock_not_the_readers(
     must not see every worker stale and every run an hour late."""
     populate()
     ahead = timezone.now() + timedelta(hours=1)
-    monkeypatch.setattr("django_jobs.status.timezone.now", lambda: ahead)
+    monkeypatch.setattr("django_jobs.snapshot.timezone.now", lambda: ahead)
     shot = snapshot(window=timedelta(minutes=5))
     pools = {pool.name: pool for pool in shot.pools}
     assert pools["default"].oldest_pending is not None

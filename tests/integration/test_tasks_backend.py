@@ -19,11 +19,12 @@ from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from django_jobs import RetryPolicy, cancel, claims, retry, start
+from django_jobs import RetryPolicy, cancel, retry, start, transitions
 from django_jobs.exceptions import JobCanceled, JobTimeout, WorkerLost
 from django_jobs.execution import execute
 from django_jobs.models import JobRun, Status, Worker
 from django_jobs.signals import run_failed
+from django_jobs.storage import claiming, workers
 from django_jobs.tasks_backend import JobsBackend, JobsTask, run_id
 from django_jobs.tasks_compat import (
     InvalidTask,
@@ -214,10 +215,10 @@ def test_timeout_of_a_task() -> None:
 
 def test_rescue_of_a_task_whose_worker_died(events: list[Any]) -> None:
     result = tasks.add.enqueue(1, 2)
-    dead = claims.register_worker("gone", 1, None, 1)
-    assert len(claims.claim_batch(dead.pk, None, 1)) == 1
+    dead = workers.register_worker("gone", 1, None, 1)
+    assert len(claiming.claim_batch(dead.pk, None, 1)) == 1
     Worker.objects.filter(pk=dead.pk).update(heartbeat_at=timezone.now() - timedelta(hours=1))
-    assert claims.rescue_stale(None, 60) == (0, 1)
+    assert transitions.rescue_stale(None, 60) == (0, 1)
     result.refresh()
     assert result.status == TaskResultStatus.FAILED
     assert result.worker_ids == [str(dead.pk)]
@@ -236,7 +237,7 @@ def test_task_finished_is_not_sent_for_a_run_retried_before_it(events: list[Any]
     run_failed.connect(retry_once)
     try:
         result = tasks.boom.enqueue("again")
-        (claim,) = claims.claim_batch(claims.register_worker("w", 1, None, 1).pk, None, 1)
+        (claim,) = claiming.claim_batch(workers.register_worker("w", 1, None, 1).pk, None, 1)
         execute(claim)
     finally:
         run_failed.disconnect(retry_once)
@@ -248,8 +249,8 @@ def test_task_finished_is_not_sent_for_a_run_retried_before_it(events: list[Any]
 
 def test_a_pool_name_with_a_percent_sign_is_claimed() -> None:
     result = tasks.add.using(queue_name="50%").enqueue(1, 2)
-    worker = claims.register_worker("w", 1, ["50%"], 1)
-    (claim,) = claims.claim_batch(worker.pk, ["50%"], 1)
+    worker = workers.register_worker("w", 1, ["50%"], 1)
+    (claim,) = claiming.claim_batch(worker.pk, ["50%"], 1)
     assert claim.run_id == run_id(result.id)
 
 

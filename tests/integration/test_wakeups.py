@@ -9,13 +9,18 @@ from typing import Any
 
 import psycopg
 import pytest
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 
-from django_jobs import claims, start, start_many
-from django_jobs.batching import Completer, complete_many
-from django_jobs.control import ControlConnection
+from django_jobs import start, start_many
+from django_jobs.completer import Completer
+from django_jobs.execution import record_handed_off
 from django_jobs.models import JobRun, Status
-from django_jobs.notify import CHANNEL, Listener, raw_connection_params
+from django_jobs.storage import claiming, notify
+from django_jobs.storage.claiming import Claim
+from django_jobs.storage.control import ControlConnection
+from django_jobs.storage.leases import complete_many
+from django_jobs.storage.notify import CHANNEL, Listener, raw_connection_params
+from django_jobs.worker import JobWorker
 from tests.factories import WorkerFactory
 from tests.helpers import wait_until
 
@@ -106,14 +111,14 @@ def test_a_listener_whose_connection_is_killed_reconnects(control: ControlConnec
 
 
 def test_a_worker_with_a_long_poll_interval_is_woken_by_notify(settings: Any) -> None:
-    from django_jobs.worker import Worker
+    from django_jobs.worker import JobWorker
 
-    worker = Worker(["default"], poll_interval=60)
+    worker = JobWorker(["default"], poll_interval=60)
     thread = threading.Thread(target=worker.run)
     thread.start()
     try:
         wait_until(lambda: worker.worker_id is not None, timeout=10)
-        wait_until(lambda: worker.claimed == 0 and worker._wake.is_set() is False, timeout=10)
+        wait_until(lambda: worker.claimed == 0 and worker.wake.is_set() is False, timeout=10)
         run = start("tests.noop")
         # Without the notification this would wait for the 60 s poll.
         wait_until(lambda: JobRun.objects.get(pk=run.pk).status == Status.COMPLETED, timeout=20)
@@ -123,11 +128,11 @@ def test_a_worker_with_a_long_poll_interval_is_woken_by_notify(settings: Any) ->
 
 
 def test_with_listen_notify_off_the_worker_polls(settings: Any) -> None:
-    from django_jobs.worker import Worker
+    from django_jobs.worker import JobWorker
 
     settings.DJANGO_JOBS = {**settings.DJANGO_JOBS, "LISTEN_NOTIFY": False}
     assert not Listener.enabled()
-    worker = Worker(["default"], poll_interval=0.2)
+    worker = JobWorker(["default"], poll_interval=0.2)
     thread = threading.Thread(target=worker.run)
     thread.start()
     try:
@@ -140,7 +145,7 @@ def test_with_listen_notify_off_the_worker_polls(settings: Any) -> None:
 
 def test_batched_completion_is_fenced_per_run() -> None:
     start_many("tests.echo", [{"n": n} for n in range(5)])
-    batch = claims.claim_batch(WorkerFactory().pk, None, 5)
+    batch = claiming.claim_batch(WorkerFactory().pk, None, 5)
     stolen = batch[2]
     JobRun.objects.filter(pk=stolen.run_id).update(lease_token=uuid.uuid4())
     written = complete_many([(claim, {"done": claim.run_id}) for claim in batch])
@@ -159,12 +164,12 @@ def test_batched_completion_is_fenced_per_run() -> None:
 
 def test_the_completer_answers_each_caller_for_its_own_run() -> None:
     start_many("tests.noop", [{} for _ in range(20)])
-    batch = claims.claim_batch(WorkerFactory().pk, None, 20)
+    batch = claiming.claim_batch(WorkerFactory().pk, None, 20)
     JobRun.objects.filter(pk=batch[0].run_id).update(status=Status.CANCELED, lease_token=None)
-    completer = Completer()
+    completer = Completer(record_handed_off)
     results: dict[int, bool] = {}
 
-    def finish(claim: claims.Claim) -> None:
+    def finish(claim: Claim) -> None:
         try:
             results[claim.run_id] = completer.complete(claim, None)
         finally:
@@ -183,6 +188,43 @@ def test_the_completer_answers_each_caller_for_its_own_run() -> None:
     assert JobRun.objects.filter(status=Status.COMPLETED).count() == 19
     # After close (a handler that outlived the drain), a completion is written alone.
     start("tests.noop")
-    (late,) = claims.claim_batch(WorkerFactory().pk, None, 1)
+    (late,) = claiming.claim_batch(WorkerFactory().pk, None, 1)
     assert completer.complete(late, {"late": True}) is True
     assert JobRun.objects.get(pk=late.run_id).output == {"late": True}
+
+
+def test_a_notification_lost_while_the_listener_is_down_is_covered_by_polling(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    worker = JobWorker(["default"], poll_interval=0.5)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_until(lambda: listeners() == 1, timeout=10)
+        # From now on the listener cannot reconnect: every notification is lost.
+        real = notify.raw_connection_params
+        monkeypatch.setattr(notify, "raw_connection_params", lambda: {**real(), "port": 1})
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND query LIKE 'LISTEN %%' "
+                "AND pid <> pg_backend_pid()"
+            )
+        wait_until(lambda: listeners() == 0, timeout=10)
+        run = start("tests.noop")
+        wait_until(lambda: JobRun.objects.get(pk=run.pk).status == Status.COMPLETED, timeout=20)
+        assert listeners() == 0
+    finally:
+        worker.request_stop()
+        thread.join(30)
+        connections.close_all()
+
+
+def listeners() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND query LIKE 'LISTEN %%' "
+            "AND pid <> pg_backend_pid()"
+        )
+        return int(cursor.fetchone()[0])

@@ -9,9 +9,10 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
 
+from django_jobs import worker as worker_module
 from django_jobs.checks import connection_limit
 from django_jobs.models import Worker, WorkerStatus
-from django_jobs.worker import Worker as JobWorker
+from django_jobs.worker import JobWorker
 
 pytestmark = pytest.mark.django_db
 
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.django_db
 def threads_run_out(monkeypatch: pytest.MonkeyPatch) -> None:
     """The third thread a worker starts fails as when the process has no threads left."""
     started = 0
-    real_start = JobWorker._start
+    real_start = worker_module.start_thread
 
     def start(target: Any, name: str) -> threading.Thread:
         nonlocal started
@@ -29,7 +30,7 @@ def threads_run_out(monkeypatch: pytest.MonkeyPatch) -> None:
             raise RuntimeError("can't start new thread")
         return real_start(target, name)
 
-    monkeypatch.setattr(JobWorker, "_start", staticmethod(start))
+    monkeypatch.setattr(worker_module, "start_thread", start)
 
 
 @pytest.mark.usefixtures("threads_run_out")

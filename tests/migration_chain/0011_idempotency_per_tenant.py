@@ -1,4 +1,4 @@
-# Idempotency keys scoped by tenant as well as job type (DESIGN.md rule 13).
+# Idempotency keys scoped by tenant as well as job type.
 #
 # The old constraint was stricter than the two new ones together, so every
 # existing row satisfies them: no data changes. The operations run in one

@@ -19,7 +19,7 @@ from django_jobs.models import JobRun, Status
 from tests.process.faults import StartWorker, assert_every_run_completed_once
 from tests.testapp.models import Execution
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.process]
 
 
 SECONDS = float(os.environ.get("CHAOS_SECONDS", "8"))

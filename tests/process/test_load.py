@@ -18,7 +18,7 @@ from django_jobs import start_many
 from django_jobs.models import JobRun, Status
 from tests.helpers import WorkerProcess, lock_waiters
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.process]
 
 StartWorker = Callable[..., WorkerProcess]
 RUNS = int(os.environ.get("LOAD_RUNS", "3000"))

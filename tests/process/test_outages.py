@@ -22,7 +22,7 @@ from tests.process.faults import (
     assert_every_run_completed_once,
 )
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.process]
 
 RUNS = 150
 OUTAGES = 5

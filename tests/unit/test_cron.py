@@ -13,7 +13,7 @@ import pytest
 from django_jobs import Schedule, job
 from django_jobs.checks import check_schedules
 from django_jobs.cron import parse, wall_to_instant
-from django_jobs.registry import unregister
+from django_jobs.registry import all_handlers, unregister
 from django_jobs.schedules import CATCH_UP_LIMIT, entries, idempotency_key, plan
 
 PARIS = ZoneInfo("Europe/Paris")
@@ -349,12 +349,12 @@ def test_job_takes_a_cron_string_or_a_schedule(registered: list[str]) -> None:
         return None
 
     assert nightly.schedule == Schedule("0 3 * * *")
-    found = {e.name: e for e in entries()}
+    found = {e.name: e for e in entries(all_handlers())}
     assert (found["unit.weekly"].pool, found["unit.weekly"].schedule.missed) == (
         "reports",
         "catch_up",
     )
-    assert [e.name for e in entries(["reports"])] == ["unit.weekly"]
+    assert [e.name for e in entries(all_handlers(), ["reports"])] == ["unit.weekly"]
 
 
 def test_job_with_a_bad_schedule_fails_at_import() -> None:
@@ -462,7 +462,7 @@ def test_valid_settings_schedules_pass(settings: Any) -> None:
         },
     }
     assert check_ids(settings, schedules) == []
-    found = {e.name: e for e in entries()}
+    found = {e.name: e for e in entries(all_handlers())}
     assert (found["hourly"].pool, found["hourly"].schedule.input) == ("echo", {"report": "sales"})
     assert found["nightly"].job_type == "tests.noop"
 
@@ -505,7 +505,7 @@ def test_bad_settings_schedules_are_check_errors(
     assert [c for c, _ in found] == [f"django_jobs.{code}"]
     assert "DJANGO_JOBS['SCHEDULES']['bad']" in found[0][1]
     assert message in found[0][1]
-    assert entries() == []  # left out, not scheduled
+    assert entries(all_handlers()) == []  # left out, not scheduled
 
 
 def test_settings_schedule_may_not_take_a_job_schedule_name(
@@ -520,7 +520,7 @@ def test_settings_schedule_may_not_take_a_job_schedule_name(
     found = check_ids(settings, {"unit.taken": {"job_type": "tests.noop", "cron": "@hourly"}})
     assert [c for c, _ in found] == ["django_jobs.E013"]
     assert "taken by the schedule of @job('unit.taken')" in found[0][1]
-    assert [e.job_type for e in entries()] == ["unit.taken"]
+    assert [e.job_type for e in entries(all_handlers())] == ["unit.taken"]
 
 
 def test_schedules_that_are_not_a_dict_are_e001(settings: Any) -> None:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import uuid
 
-from django_jobs.claims import Claim
-from django_jobs.context import JobContext
+from django_jobs.attempt import Attempt
+from django_jobs.storage.claiming import Claim
 
 
-def context() -> JobContext:
-    return JobContext(Claim(row={"id": 1, "attempts": 1, "input": {}}, lease_token=uuid.uuid4()))
+def context() -> Attempt:
+    return Attempt(Claim(run_id=1, attempt=1, lease_token=uuid.uuid4()), None)
 
 
 def test_the_worker_fences_a_run_off_once_and_the_handler_then_records_nothing() -> None:

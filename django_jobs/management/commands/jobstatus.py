@@ -12,10 +12,20 @@ from django.db import DatabaseError, connections
 from django_jobs import conf
 from django_jobs.management.arguments import describe, duration, pool_name, positive_float
 from django_jobs.management.base import JobsCommand, database_error, first_line
+from django_jobs.models import FINISHED_STATUSES
 from django_jobs.payloads import terminal_safe
-from django_jobs.status import FINISHED, Snapshot, age, snapshot
+from django_jobs.snapshot import Snapshot, age, snapshot
 
-COLUMNS = ["pool", "state", "pending", "oldest", "running", "waiting", *FINISHED, "runs/min"]
+COLUMNS = [
+    "pool",
+    "state",
+    "pending",
+    "oldest",
+    "running",
+    "waiting",
+    *FINISHED_STATUSES,
+    "runs/min",
+]
 
 
 def table(rows: list[list[str]]) -> list[str]:
@@ -32,7 +42,7 @@ def table(rows: list[list[str]]) -> list[str]:
 def render(shot: Snapshot) -> str:
     """The snapshot as the text ``jobstatus`` prints."""
     window = describe(shot.window)
-    header = [c if c not in FINISHED else f"{c}/{window}" for c in COLUMNS] + ["workers"]
+    header = [c if c not in FINISHED_STATUSES else f"{c}/{window}" for c in COLUMNS] + ["workers"]
     rows = [header]
     for pool in shot.pools:
         rows.append(
@@ -43,7 +53,7 @@ def render(shot: Snapshot) -> str:
                 age(pool.oldest_pending),
                 str(pool.counts["running"]),
                 str(pool.counts["waiting"]),
-                *(str(pool.counts[status]) for status in FINISHED),
+                *(str(pool.counts[status]) for status in FINISHED_STATUSES),
                 f"{shot.runs_per_minute(pool):.1f}",
                 str(pool.workers),
             ]

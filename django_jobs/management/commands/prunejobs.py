@@ -8,7 +8,7 @@ from django.core.management.base import CommandParser
 
 from django_jobs.management.arguments import describe, duration, positive_int
 from django_jobs.management.base import JobsCommand
-from django_jobs.models import TERMINAL_STATUSES
+from django_jobs.models import FINISHED_STATUSES
 from django_jobs.retention import prune
 
 DEFAULT_RETENTION = "30d"
@@ -33,7 +33,7 @@ class Command(JobsCommand):
             "--status",
             dest="statuses",
             action="append",
-            choices=sorted(TERMINAL_STATUSES),
+            choices=sorted(FINISHED_STATUSES),
             help="only runs that ended with this status; repeat for several (default: all four)",
         )
         parser.add_argument(
@@ -48,7 +48,7 @@ class Command(JobsCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        statuses = options["statuses"] or sorted(TERMINAL_STATUSES)
+        statuses = options["statuses"] or sorted(FINISHED_STATUSES)
         result = prune(
             options["older_than"],
             statuses=statuses,

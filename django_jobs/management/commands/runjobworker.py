@@ -23,7 +23,7 @@ from django_jobs.management.arguments import (
 )
 from django_jobs.management.base import JobsCommand
 from django_jobs.management.startup import wait_for_database, warn_of_pools_without_handlers
-from django_jobs.worker import Worker
+from django_jobs.worker import JobWorker
 
 DEFAULT_START_TIMEOUT = 30.0
 logger = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ class Command(JobsCommand):
             self._serve_metrics(options["metrics_port"], options["metrics_addr"])
         pools = options["pools"] or ["default"]
         warn_of_pools_without_handlers(pools)
-        worker = Worker(
+        worker = JobWorker(
             pools,
             concurrency=slots,
             burst=options["burst"],
@@ -144,7 +144,7 @@ class Command(JobsCommand):
         """The slots to run: --concurrency, refused when the server or Django's pool
         cannot serve it; without the flag, the default, capped to what they can."""
         limit, size = connection_limit(alias), pool_size(alias)
-        # The slots' connections and the control threads' one (control.py) come
+        # The slots' connections and the control threads' one (storage/control.py) come
         # from Django's pool when there is one; the LISTEN connection does not.
         if requested is None:
             requested = default_concurrency(alias, limit, size)

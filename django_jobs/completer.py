@@ -1,36 +1,38 @@
-"""Batched completion: the outcomes of many runs written in one statement.
+"""The completer: the completions of many runs written in one statement.
 
 A durable commit costs about as much as a short run. So a worker's threads
 hand their successful outcomes to one ``Completer``, which writes whatever
 has gathered while its previous write was in flight (group commit, no fixed
-wait) in one ``UPDATE ... FROM jsonb_to_recordset(...)``, fenced per run
-exactly like a single write: a row is only changed while it is running under
-the lease token given with it. A thread either waits for its own row's result
+wait) in one statement (``leases.complete_many``), fenced per run exactly like
+a single write: a row is only changed while it is running under the lease
+token given with it. A thread either waits for its own row's result
 (``complete``) or hands the completion over and takes its next run
-(``hand_off``); then the completer retries, fails or logs it itself.
+(``hand_off``); the completer then retries it, and reports it to ``report``
+(the worker passes ``execution.record_handed_off``, which logs it, or fails
+the run if the database refused its row).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
-import uuid
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.core.serializers.json import DjangoJSONEncoder
 from django.db import InterfaceError, OperationalError, connections
 
-from . import conf
-from .claims import Claim
-from .control import ControlConnection
-from .models import JobRun, Status
-from .sql import fetch
+from .storage.claiming import Claim
+from .storage.connections import discard_broken_connections
+from .storage.control import ControlConnection
+from .storage.leases import complete_many
 
 logger = logging.getLogger(__name__)
+
+# Told how a handed-off completion went: (claim, written or the database's
+# refusal, the handler's duration, the worker's hard-stop event).
+Report = Callable[[Claim, "bool | BaseException", float, threading.Event], None]
 
 # The most outcomes written in one statement.
 MAX_BATCH = 500
@@ -51,19 +53,23 @@ class Completer:
     """Gathers completions from worker threads and writes them in batches.
 
     Two ways in: ``complete`` waits until the row is written (the caller then
-    sends ``run_completed``), ``hand_off`` returns at once and leaves the write,
-    its retries and its log line to the completer, so the worker's thread is
-    free for the next run while the batch is written. ``after_write`` is called
+    sends ``run_completed``), ``hand_off`` returns at once and leaves the write
+    and its retries to the completer, so the worker's thread is free for the
+    next run while the batch is written. ``report(claim, written, duration,
+    stop)`` is told how each handed-off completion went: True, False (the lease
+    was lost) or the database's refusal of that run. ``after_write`` is called
     (on the completer's thread) after every batch, e.g. to wake the claim loop
     for runs whose concurrency key was just freed.
     """
 
     def __init__(
         self,
+        report: Report,
         after_write: Callable[[], None] | None = None,
         stop: threading.Event | None = None,
         control: ControlConnection | None = None,
     ) -> None:
+        self._report = report
         self._items: list[_Pending] = []
         self._lock = threading.Condition()
         self._closed = False
@@ -87,7 +93,7 @@ class Completer:
         """Mark the run completed with ``output``; False when the lease was lost.
 
         Raises the database error of the batch's write, if it failed: the caller
-        (``execution.settle``) retries on a fresh connection as for one write.
+        (``execution.record``) retries on a fresh connection as for one write.
         """
         item = _Pending(claim, output)
         if not self._add(item):
@@ -115,6 +121,18 @@ class Completer:
             self._closed = True
             self._lock.notify()
         self._thread.join(timeout=30)
+
+    @contextmanager
+    def together(self) -> Iterator[None]:
+        """The completions this thread adds in the block are written in one batch."""
+        with self._lock:  # reentrant: adding takes it again
+            yield
+
+    @property
+    def waiting(self) -> int:
+        """How many completions are gathered and not yet taken for a write."""
+        with self._lock:
+            return len(self._items)
 
     def busy(self) -> bool:
         """Whether completions are waiting to be written or being written."""
@@ -163,8 +181,6 @@ class Completer:
                 connections.close_all()
 
     def _flush(self, batch: list[_Pending]) -> None:
-        from .execution import discard_broken_connections
-
         try:
             written = complete_many([(item.claim, item.output) for item in batch])
         except (OperationalError, InterfaceError) as exc:
@@ -223,8 +239,6 @@ class Completer:
             self._items[:0] = held
 
     def _flush_one(self, item: _Pending) -> None:
-        from .execution import discard_broken_connections
-
         try:
             item.written = bool(complete_many([(item.claim, item.output)]))
         except (OperationalError, InterfaceError) as exc:
@@ -236,12 +250,8 @@ class Completer:
         except Exception as exc:
             # Anything else, the database's refusal included, is this run's failure.
             if item.done is None:
-                # Nobody waits to turn the error into the run's failure: do it here.
-                from .execution import error_record, fail_write, log_outcome, settle
-
-                error = error_record(exc, item.claim.attempt, retryable=False)
-                outcome = settle(item.claim, fail_write(item.claim, error), self._stop)
-                log_outcome(item.claim, outcome, item.duration)
+                # Nobody waits to turn the error into the run's failure: the report does.
+                self._report(item.claim, exc, item.duration, self._stop)
                 return
             item.error = exc
         self._finish(item)
@@ -250,48 +260,4 @@ class Completer:
         if item.done is not None:
             item.done.set()
             return
-        from .execution import Outcome, log_outcome
-
-        log_outcome(item.claim, Outcome.COMPLETED if item.written else Outcome.LOST, item.duration)
-
-
-def complete_many(items: list[tuple[Claim, Any]]) -> set[tuple[int, uuid.UUID]]:
-    """Complete many runs in one statement, each fenced on its lease.
-
-    Returns the (run id, lease token) pairs written: a stale claim of a run
-    that was claimed again is told apart from the current one by its token.
-    """
-    using = conf.get().DATABASE
-    connection = connections[using]
-    if connection.vendor != "postgresql":
-        from . import claims
-
-        return {
-            (claim.run_id, claim.lease_token)
-            for claim, output in items
-            if claims.complete(claim, output)
-        }
-    # In id order, so that two writers never lock the same rows in opposite orders.
-    items = sorted(items, key=lambda item: item[0].run_id)
-    table = connection.ops.quote_name(JobRun._meta.db_table)
-    # One JSON document of (id, token, output) rows rather than a VALUES list:
-    # one statement text for every batch size (prepared once), one parameter
-    # to send. Fenced on the token alone, as claims.fenced().
-    statement = f"""
-        UPDATE {table} AS run
-        SET status = %s, output = v.output, finished_at = STATEMENT_TIMESTAMP(),
-            lease_token = NULL
-        FROM jsonb_to_recordset(%s::jsonb) AS v(id bigint, token uuid, output jsonb)
-        WHERE run.id = v.id AND run.lease_token = v.token
-        RETURNING run.id, v.token
-    """
-    rows = json.dumps(
-        [
-            {"id": claim.run_id, "token": str(claim.lease_token), "output": output}
-            for claim, output in items
-        ],
-        # ASCII: text jsonb refuses (a lone surrogate) fails as a database
-        # error of this batch, which is then written row by row.
-        cls=DjangoJSONEncoder,
-    )
-    return {(run_id, token) for run_id, token in fetch(using, statement, [Status.COMPLETED, rows])}
+        self._report(item.claim, item.written, item.duration, self._stop)

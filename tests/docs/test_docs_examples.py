@@ -35,8 +35,8 @@ Other fence languages (```text, ```console, ```sql, unlabelled) never run.
 EXTRA_CHECKS run after a block, in its namespace, to exercise what the page
 claims but the example cannot show with ``drain()``: a real worker in a thread,
 time passing, races. KNOWN_PROBLEMS marks blocks that fail because of a bug in
-django_jobs as strict expected failures; a block importing a public name that
-DESIGN.md promises but ``django_jobs`` does not export is one as well.
+django_jobs as strict expected failures; a block importing a package-level name
+of docs/api.md that ``django_jobs`` does not export is one as well.
 """
 
 from __future__ import annotations
@@ -63,13 +63,13 @@ from django.dispatch import Signal
 from django.test import override_settings
 
 import django_jobs
-from django_jobs import claims, conf, lifecycle, registry
+from django_jobs import conf, registry, transitions
 from django_jobs import signals as job_signals
 from django_jobs.api import cancel
-from django_jobs.models import JobRun, JobStep, Status
-from django_jobs.models import Worker as WorkerRow
+from django_jobs.models import JobRun, JobStep, Status, Worker
+from django_jobs.storage import claiming, leases
 from django_jobs.testing import drain
-from django_jobs.worker import Worker
+from django_jobs.worker import JobWorker
 from tests.factories import WorkerFactory
 from tests.helpers import wait_until
 
@@ -87,7 +87,7 @@ PAGES = tuple(
 FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w+-]*)\s*$")
 MARKER = re.compile(r"^<!-- docs-test: (?P<verb>skip|continue)(?::(?P<reason>.*?))? -->$")
 SETTINGS_FRAGMENT = "# settings.py"
-# The package-level names DESIGN.md promises ("Public names").
+# The package-level names docs/api.md documents.
 CONTRACT_NAMES = frozenset(
     {"JobContext", "RetryPolicy", "cancel", "job", "retry", "start", "start_many"}
 )
@@ -218,9 +218,9 @@ def example_module(example: Example) -> Iterator[types.ModuleType]:
 
 
 @contextmanager
-def worker_thread(pools: list[str]) -> Iterator[Worker]:
-    """Run a real Worker (claims, heartbeats, watchdog) in a thread for the block."""
-    worker = Worker(pools, concurrency=2, poll_interval=0.05)
+def worker_thread(pools: list[str]) -> Iterator[JobWorker]:
+    """Run a real JobWorker (claims, heartbeats, watchdog) in a thread for the block."""
+    worker = JobWorker(pools, concurrency=2, poll_interval=0.05)
 
     def target() -> None:
         try:
@@ -250,7 +250,7 @@ def sleep_ends_and_run_resumes(ns: dict[str, Any], settings: Any) -> None:
     past = {"until": "2000-01-01T00:00:00Z"}
     assert JobStep.objects.filter(run=run, step_id="sleep:trial_period").update(output=past) == 1
     JobRun.objects.filter(pk=run.pk).update(run_at="2000-01-01T00:00:00Z")
-    assert lifecycle.wake_sleepers() == 1  # what a worker's watchdog does every tick
+    assert transitions.wake_sleepers() == 1  # what a worker's watchdog does every tick
     assert drain() == 1
     run.refresh_from_db()
     assert (run.status, run.attempts) == (Status.COMPLETED, 1)
@@ -309,14 +309,14 @@ def the_claim_skips_a_blocked_key(ns: dict[str, Any], settings: Any) -> None:
     start = ns["sync_account"].start
     first, second = start({"account_id": 7}), start({"account_id": 7})
     other = start({"account_id": 8})
-    (claimed_first, claimed_other) = claims.claim_batch(WorkerFactory().pk, None, 10)
+    (claimed_first, claimed_other) = claiming.claim_batch(WorkerFactory().pk, None, 10)
     assert [c.run_id for c in (claimed_first, claimed_other)] == [first.pk, other.pk]
     # The key of account 7 is busy: the second run is passed over, not claimed.
-    assert claims.claim_batch(WorkerFactory().pk, None, 10) == []
+    assert claiming.claim_batch(WorkerFactory().pk, None, 10) == []
     with pytest.raises(IntegrityError), transaction.atomic():
         JobRun.objects.filter(pk=second.pk).update(status=Status.RUNNING)
-    claims.complete(claimed_first, None)
-    (claimed_second,) = claims.claim_batch(WorkerFactory().pk, None, 10)
+    leases.complete(claimed_first, None)
+    (claimed_second,) = claiming.claim_batch(WorkerFactory().pk, None, 10)
     assert claimed_second.run_id == second.pk
 
 
@@ -346,7 +346,7 @@ def liveness_command_sees_this_hosts_worker(ns: dict[str, Any], settings: Any) -
         command.handle()
     worker = WorkerFactory()  # this host, running, heartbeat now
     command.handle()
-    WorkerRow.objects.filter(pk=worker.pk).update(heartbeat_at="2000-01-01T00:00:00Z")
+    Worker.objects.filter(pk=worker.pk).update(heartbeat_at="2000-01-01T00:00:00Z")
     with pytest.raises(CommandError):
         command.handle()
 
@@ -371,7 +371,7 @@ KNOWN_PROBLEMS: dict[str, tuple[str, str]] = {}
 
 
 def missing_exports(source: str) -> list[str]:
-    """Names promised by DESIGN.md that the block imports but django_jobs lacks."""
+    """Documented package-level names that the block imports but django_jobs lacks."""
     return sorted(
         alias.name
         for node in ast.walk(ast.parse(source))
@@ -390,7 +390,7 @@ def params() -> list[Any]:
             marks = []
             missing = missing_exports(example.source)
             if missing:
-                reason = f"django_jobs does not export {', '.join(missing)} (DESIGN.md)"
+                reason = f"django_jobs does not export {', '.join(missing)} (docs/api.md)"
                 marks.append(pytest.mark.xfail(strict=True, raises=ImportError, reason=reason))
             if example.id in KNOWN_PROBLEMS:
                 guard, reason = KNOWN_PROBLEMS[example.id]

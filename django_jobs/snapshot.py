@@ -17,11 +17,17 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from . import conf
-from .models import JobPool, JobRun, Status, Worker, WorkerStatus
+from .models import (
+    FINISHED_STATUSES,
+    UNFINISHED_STATUSES,
+    JobPool,
+    JobRun,
+    Status,
+    Worker,
+    WorkerStatus,
+)
 from .payloads import finite, printable
 
-UNFINISHED = (Status.PENDING, Status.RUNNING, Status.WAITING)
-FINISHED = (Status.COMPLETED, Status.FAILED, Status.TIMED_OUT, Status.CANCELED)
 PROGRESS_LIMIT = 50
 
 
@@ -30,7 +36,9 @@ class PoolStatus:
     """One pool: runs by status (unfinished now, finished within the window), lag, workers."""
 
     name: str
-    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(UNFINISHED + FINISHED, 0))
+    counts: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(UNFINISHED_STATUSES + FINISHED_STATUSES, 0)
+    )
     # Age of the oldest pending run that is due: how far behind the pool is.
     oldest_pending: timedelta | None = None
     workers: int = 0
@@ -42,7 +50,7 @@ class PoolStatus:
         return self.paused_at is not None
 
     def finished(self) -> int:
-        return sum(self.counts[status] for status in FINISHED)
+        return sum(self.counts[status] for status in FINISHED_STATUSES)
 
 
 @dataclass(frozen=True)
@@ -170,7 +178,7 @@ def snapshot(
     if pools is not None:
         runs = runs.filter(pool__in=pools)
     # One query per status, so that each is served by that status's partial index.
-    for status in UNFINISHED:
+    for status in UNFINISHED_STATUSES:
         for row in runs.filter(status=status).values("pool").annotate(n=Count("id")):
             pool(row["pool"]).counts[status] = row["n"]
     due = runs.filter(status=Status.PENDING, run_at__lte=Now()).values("pool")

@@ -12,9 +12,9 @@ The rules that make sharing safe:
   which holds the lock for the whole operation, its transaction included, so
   no two threads' statements ever interleave on the connection;
 * no operation waits long while holding it, or the heartbeat would wait too:
-  a row lock is waited for at most ``lock_wait`` seconds (PostgreSQL's
-  ``lock_timeout``; the write fails and is retried), and a retry's pause is
-  spent without the lock (``released``).
+  a row lock is waited for at most ``lock_wait`` seconds where the database
+  bounds it per session (PostgreSQL's ``lock_timeout``; the write fails and is
+  retried), and a retry's pause is spent without the lock (``released``).
 
 What a signal receiver does runs under the lock too, so receivers of run
 signals should be quick.
@@ -29,6 +29,8 @@ from types import TracebackType
 from typing import Any
 
 from django.db import DatabaseError, connections
+
+from . import vendors
 
 _held = threading.local()  # the ControlConnection this thread holds, if any
 
@@ -110,16 +112,12 @@ class ControlConnection:
     def _prepare(self) -> None:
         """Bound row-lock waits on this connection, once per database session."""
         wrapper = self.wrapper
-        if wrapper.vendor != "postgresql" or wrapper.in_atomic_block:
+        if wrapper.in_atomic_block:
             return
         try:
             wrapper.ensure_connection()
             if wrapper.connection is not self._prepared:
-                with wrapper.cursor() as cursor:
-                    cursor.execute(
-                        "SELECT set_config('lock_timeout', %s, false)",
-                        [f"{max(1, round(self.lock_wait * 1000))}ms"],
-                    )
+                vendors.of(wrapper).bound_lock_waits(wrapper, self.lock_wait)
                 self._prepared = wrapper.connection
         except DatabaseError:
             pass  # the operation meets the same error and is retried

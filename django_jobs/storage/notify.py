@@ -26,7 +26,8 @@ from typing import Any
 
 from django.db import connections
 
-from . import conf
+from .. import conf
+from . import vendors
 from .control import ControlConnection
 
 logger = logging.getLogger(__name__)
@@ -39,12 +40,8 @@ def notify_pools(pools: Iterable[str]) -> None:
     """Tell listening workers that runs of ``pools`` are due (at the caller's commit)."""
     connection = connections[conf.get().DATABASE]
     names = sorted(set(pools))
-    if connection.vendor != "postgresql" or not names:
-        return
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT pg_notify(%s, pool) FROM unnest(%s::text[]) AS pool", [CHANNEL, names]
-        )
+    if names:
+        vendors.of(connection).notify(connection, CHANNEL, names)
 
 
 def raw_connection_params() -> dict[str, Any]:
@@ -83,7 +80,7 @@ class Listener:
     def enabled() -> bool:
         """LISTEN needs the setting, PostgreSQL, and Django's psycopg 3 driver (not psycopg2)."""
         settings = conf.get()
-        if not settings.LISTEN_NOTIFY or connections[settings.DATABASE].vendor != "postgresql":
+        if not settings.LISTEN_NOTIFY or not vendors.of_alias(settings.DATABASE).listens:
             return False
         from django.db.backends.postgresql.psycopg_any import is_psycopg3
 

@@ -1,0 +1,249 @@
+"""Claiming due runs in batches, and ``Claim``: a run this worker holds.
+
+A claim is one short transaction: ``SELECT ... FOR UPDATE SKIP LOCKED`` picks due
+rows no other transaction holds, an ``UPDATE`` marks them running under a fresh
+lease token, and the commit releases the row locks. No handler runs inside it.
+The attempt is counted here, at claim, so a run that kills its worker still
+spends its attempts. Every later write to the run is fenced on that token
+(``leases``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import IntegrityError, connections, transaction
+from django.db.models import Exists, F, OuterRef, Q, Subquery
+from django.db.models.functions import Now
+
+from ..models import JobPool, JobRun, Status
+from . import runs, using, vendors
+from .leases import WorkerIds
+
+logger = logging.getLogger(__name__)
+
+# The columns a worker needs to execute a claimed run; read in the claim itself.
+CLAIM_FIELDS = (
+    "id",
+    "job_type",
+    "pool",
+    "priority",
+    "input",
+    "attempts",
+    "max_attempts",
+    "tenant_id",
+    "parent_id",
+    "root_id",
+    "created_at",
+    "run_at",
+    "concurrency_key",
+    "cancel_requested_at",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A run this worker holds: the row as claimed, plus the lease that fences it."""
+
+    run_id: int
+    attempt: int  # this attempt's number, counted at claim
+    lease_token: uuid.UUID
+    job_type: str = ""
+    pool: str = "default"
+    priority: int = 0
+    input: Any = field(default_factory=dict)
+    max_attempts: int = 1
+    tenant_id: str | None = None
+    parent_id: int | None = None
+    root_id: int | None = None
+    created_at: datetime | None = None
+    run_at: datetime | None = None
+    concurrency_key: str | None = None
+    cancel_requested_at: datetime | None = None
+    # Whether the run had recorded steps when claimed; None when not known.
+    has_steps: bool | None = None
+
+    @classmethod
+    def from_row(
+        cls, row: dict[str, Any], lease_token: uuid.UUID, has_steps: bool | None = None
+    ) -> Claim:
+        """The claim of a row of ``CLAIM_FIELDS`` (``attempts`` already counted)."""
+        return cls(
+            run_id=int(row["id"]),
+            attempt=int(row["attempts"]),
+            lease_token=lease_token,
+            job_type=row["job_type"],
+            pool=row["pool"],
+            priority=row["priority"],
+            input=row["input"],
+            max_attempts=int(row["max_attempts"]),
+            tenant_id=row["tenant_id"],
+            parent_id=row["parent_id"],
+            root_id=row["root_id"],
+            created_at=row["created_at"],
+            run_at=row["run_at"],
+            concurrency_key=row["concurrency_key"],
+            cancel_requested_at=row["cancel_requested_at"],
+            has_steps=has_steps,
+        )
+
+    def as_run(self) -> JobRun:
+        """The run as claimed, built without a query."""
+        return JobRun(  # type: ignore[misc]  # the claimed row has both dates
+            id=self.run_id,
+            job_type=self.job_type,
+            pool=self.pool,
+            priority=self.priority,
+            input=self.input,
+            attempts=self.attempt,
+            max_attempts=self.max_attempts,
+            tenant_id=self.tenant_id,
+            parent_id=self.parent_id,
+            root_id=self.root_id,
+            created_at=self.created_at,
+            run_at=self.run_at,
+            concurrency_key=self.concurrency_key,
+            cancel_requested_at=self.cancel_requested_at,
+            status=Status.RUNNING,
+            lease_token=self.lease_token,
+        )
+
+
+def claim_batch(
+    worker_id: uuid.UUID, pools: Sequence[str] | None, limit: int, *, plan: int = 0
+) -> list[Claim]:
+    """Claim up to ``limit`` due runs of ``pools`` (all pools when None) for this worker.
+
+    Highest priority first, then the oldest ``run_at``. Where the database claims
+    in one statement, a new ``plan`` number makes the server plan it afresh.
+    """
+    if limit <= 0:
+        return []
+    try:
+        claims = _claim_in_one_statement(worker_id, pools, limit, plan)
+        if claims is not None:
+            return claims
+        return claim_two_statements(worker_id, candidates(pools), limit)
+    except IntegrityError:
+        # The unique index refused a second running run of one key: a claim that
+        # took the key committed after this statement's snapshot was taken (or
+        # the worker row is gone). Nothing was written; claim again the careful
+        # way, whose second statement sees that commit.
+        logger.debug("claim refused by an integrity constraint; claiming again", exc_info=True)
+        try:
+            return claim_two_statements(worker_id, candidates(pools), limit)
+        except IntegrityError:
+            logger.warning("claim refused by an integrity constraint; retrying", exc_info=True)
+            return []
+
+
+def candidates(pools: Sequence[str] | None) -> Any:
+    """Due runs of ``pools`` that may be claimed now, in claim order, locked as read."""
+    due = runs().due(pools)
+    # Runs of a paused pool stay pending. The subquery is part of the statement,
+    # so a pause takes effect at every worker's next claim, with no cache to expire.
+    paused = JobPool.objects.using(using()).filter(paused_at__isnull=False)
+    due = due.exclude(pool__in=Subquery(paused.order_by().values("name")))
+    # A run whose concurrency key is running now is not a candidate, so a blocked
+    # run is passed over instead of being claimed and put back (no spinning).
+    # Checked only for rows that have a key, so the planner does not turn it into
+    # an anti-join that scans every running row on each claim.
+    key_busy = runs().filter(concurrency_key=OuterRef("concurrency_key"), status=Status.RUNNING)
+    due = due.filter(Q(concurrency_key__isnull=True) | ~Exists(key_busy))
+    # SKIP LOCKED: rows another worker is claiming right now are passed over
+    # instead of waited for, so claimers never queue behind each other and
+    # never both get one row. The filter and order match the partial index
+    # django_jobs_run_claim, so the cost does not grow with finished history.
+    return due.order_by("-priority", "run_at").select_for_update(skip_locked=True)
+
+
+def _claim_in_one_statement(
+    worker_id: uuid.UUID, pools: Sequence[str] | None, limit: int, plan: int
+) -> list[Claim] | None:
+    connection = connections[using()]
+    token = uuid.uuid4()
+    rows = vendors.of(connection).claim(
+        connection,
+        (None if pools is None else tuple(pools), limit),
+        lambda: candidates(pools).values("id", "concurrency_key", "priority", "run_at")[:limit],
+        CLAIM_FIELDS,
+        worker_id,
+        token,
+        plan,
+    )
+    if rows is None:
+        return None
+    claims = []
+    for values in rows:
+        row = dict(zip(CLAIM_FIELDS, values[:-1], strict=True))
+        # Django reads jsonb as text, for the model field to decode.
+        row["input"] = {} if row["input"] == "{}" else json.loads(row["input"])
+        claims.append(Claim.from_row(row, token, has_steps=values[-1]))
+    # Highest priority first (RETURNING has no order); the whole batch starts at once.
+    claims.sort(key=lambda claim: -claim.priority)
+    return claims
+
+
+def claim_two_statements(worker_id: uuid.UUID, picked: Any, limit: int) -> list[Claim]:
+    """The two-statement claim (databases without a one-statement claim, and after a
+    key conflict)."""
+    token = uuid.uuid4()
+    with transaction.atomic(using=using()):
+        rows = list(picked.values(*CLAIM_FIELDS)[:limit])
+        rows = one_per_key(rows)
+        if not rows:
+            return []
+        # The rows stay locked by this transaction until commit, so this UPDATE
+        # cannot race another claimer; the status condition is belt and braces.
+        runs().filter(pk__in=[row["id"] for row in rows], status=Status.PENDING).update(
+            status=Status.RUNNING,
+            attempts=F("attempts") + 1,
+            claimed_by_id=worker_id,
+            lease_token=token,
+            started_at=Now(),
+            worker_ids=WorkerIds(worker_id),
+        )
+    for row in rows:
+        row["attempts"] += 1
+    return [Claim.from_row(row, token) for row in rows]
+
+
+def one_per_key(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Keep at most one row per concurrency key, and only keys no other claim is taking.
+
+    Two claims inserting several keys into the unique index at once could wait
+    on each other's uncommitted keys in a cycle (a deadlock). So the vendor says
+    which keys this claim may take without waiting (PostgreSQL: the keys whose
+    transaction-scoped advisory lock was free; elsewhere: one key per claim,
+    which cannot form a cycle).
+    """
+    first: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        if row["concurrency_key"] is not None:
+            first.setdefault(row["concurrency_key"], row)
+    if not first:
+        return rows
+    allowed = _free_keys(list(first))
+    kept_ids = {row["id"] for key, row in first.items() if key in allowed}
+    return [row for row in rows if row["concurrency_key"] is None or row["id"] in kept_ids]
+
+
+def _free_keys(keys: list[str]) -> set[str]:
+    connection = connections[using()]
+    locked = vendors.of(connection).lock_keys(connection, keys)
+    if not locked:
+        return locked
+    # A claim that held one of these keys may have committed after this
+    # claim's first statement began; this new statement sees it.
+    busy = set(
+        runs()
+        .filter(concurrency_key__in=locked, status=Status.RUNNING)
+        .values_list("concurrency_key", flat=True)
+    )
+    return locked - busy

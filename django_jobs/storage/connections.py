@@ -1,0 +1,38 @@
+"""This thread's connection to the jobs database, and closing connections that broke."""
+
+from __future__ import annotations
+
+import threading
+
+from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from .. import conf
+
+_thread = threading.local()
+
+
+def jobs_connection() -> BaseDatabaseWrapper:
+    """This thread's connection to the jobs database.
+
+    Looked up once per thread: Django keeps one connection object per thread
+    and alias, and ``connections[alias]`` is a lookup each run would pay for.
+    """
+    alias = conf.get().DATABASE
+    if getattr(_thread, "alias", None) != alias:
+        _thread.connection, _thread.alias = connections[alias], alias
+    connection: BaseDatabaseWrapper = _thread.connection
+    return connection
+
+
+def discard_broken_connections() -> None:
+    """Close this thread's connections that errored and no longer answer.
+
+    Connections are otherwise kept open across runs: reconnecting per run costs
+    more than the run itself for short jobs.
+    """
+    for connection in connections.all(initialized_only=True):
+        if connection.errors_occurred:
+            if connection.in_atomic_block or not connection.is_usable():
+                connection.close()
+            connection.errors_occurred = False

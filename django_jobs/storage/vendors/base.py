@@ -1,0 +1,102 @@
+"""``Vendor``: the interface of the statements that differ per database, in portable forms.
+
+A method that returns None says "this database has no faster form": the caller
+then uses the portable way (the two-statement claim, a write per run, Django's
+``bulk_create``), which holds every rule on any database with row locks.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+from django.db import NotSupportedError
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from ...models import JobRun
+
+
+class Vendor:
+    """The portable forms; a vendor module overrides what its database does better."""
+
+    # Whether idle workers can be woken by the database (LISTEN/NOTIFY) instead of polling.
+    listens = False
+
+    def fetch(
+        self, connection: BaseDatabaseWrapper, sql: str, params: list[Any] | dict[str, Any]
+    ) -> list[tuple[Any, ...]]:
+        """Execute ``sql`` (``%s`` placeholders, returning rows); return the rows."""
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            rows: list[tuple[Any, ...]] = cursor.fetchall()
+            return rows
+
+    def claim(
+        self,
+        connection: BaseDatabaseWrapper,
+        key: Hashable,
+        picked: Callable[[], Any],
+        fields: Sequence[str],
+        worker_id: uuid.UUID,
+        token: uuid.UUID,
+        plan: int,
+    ) -> list[tuple[Any, ...]] | None:
+        """Claim the rows ``picked()`` selects (a locking, limited queryset) in one
+        statement, which may be kept per ``key`` and ``plan``: rows of ``fields``, then
+        whether the run has steps. None: this database has no one-statement claim."""
+        return None
+
+    def lock_keys(self, connection: BaseDatabaseWrapper, keys: list[str]) -> set[str]:
+        """Of the concurrency ``keys`` a claim wants, those it may take now: at most
+        one here, which no two claims can wait on in a cycle."""
+        return set(keys[:1])
+
+    def worker_ids(
+        self, column: str, params: list[Any], worker_id: str | None
+    ) -> tuple[str, list[Any]]:
+        """SQL of the JSON array ``column`` with ``worker_id`` appended (None: its last removed)."""
+        raise NotSupportedError("django_jobs records attempts on PostgreSQL and SQLite only")
+
+    def complete_many(
+        self,
+        connection: BaseDatabaseWrapper,
+        table: str,
+        status: str,
+        items: list[tuple[int, uuid.UUID, Any]],
+    ) -> set[tuple[int, uuid.UUID]] | None:
+        """Complete the runs of ``items`` (id, token, output) in one statement, each
+        fenced on its token; the (id, token) pairs written. None: not in one statement."""
+        return None
+
+    def record_step(
+        self, connection: BaseDatabaseWrapper, params: dict[str, Any], *, completed: bool
+    ) -> bool:
+        """Insert or update a step's row while its run's lease holds, in one statement."""
+        raise NotSupportedError("django_jobs records steps on PostgreSQL only")
+
+    def insert_runs(
+        self,
+        connection: BaseDatabaseWrapper,
+        template: JobRun,
+        texts: list[str],
+        data: list[Any],
+        keys: list[str | None],
+    ) -> list[JobRun] | None:
+        """Insert runs that differ only in input and key in one statement. None: no such form."""
+        return None
+
+    def bound_lock_waits(self, connection: BaseDatabaseWrapper, seconds: float) -> None:
+        """Make row locks on ``connection`` be waited for at most ``seconds`` (where the
+        database can say so per session)."""
+
+    def notify(self, connection: BaseDatabaseWrapper, channel: str, pools: list[str]) -> None:
+        """Wake listening workers for ``pools`` at the transaction's commit (where it can)."""
+
+    def estimated_rows(self, connection: BaseDatabaseWrapper, table: str) -> int | None:
+        """The planner's estimate of ``table``'s rows, or None where it is not known cheaply."""
+        return None
+
+    def connection_limit(self, connection: BaseDatabaseWrapper) -> int | None:
+        """How many connections the server accepts, or None where it is not known."""
+        return None

@@ -1,0 +1,364 @@
+"""PostgreSQL: one-statement claims, batched completions, prepared statements, NOTIFY.
+
+Django's psycopg backend binds parameters on the client and prepares nothing,
+so the server would plan every claim again; planning is a large share of a
+small claim's cost. The hot statements (claim, batched completion, step
+record) therefore go through a server-side-binding cursor on Django's own
+connection, prepared on first use: same connection, same transaction, planned
+once per connection. ``PREPARED_STATEMENTS = False`` turns this off (PgBouncer
+in transaction mode before 1.21 cannot route prepared statements).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import uuid
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models.base import ModelState
+from django.db.models.expressions import DatabaseDefault
+from django.db.models.functions import Now
+from django.db.models.signals import post_init, pre_init
+
+from ... import conf
+from ...models import JobRun, JobStep, Status
+from .base import Vendor
+
+# psycopg prepares a statement on its own after this many executions; Django
+# disables that (None), and so would ``prepare=True``. A threshold no statement
+# reaches turns it back on for ``prepare=True`` only, leaving the ORM's as they were.
+_ONLY_WHEN_ASKED = 2**62
+
+# Namespace of django_jobs' advisory locks (ASCII "jobs"), so that they cannot
+# collide with an application's own one-argument advisory locks.
+ADVISORY_NAMESPACE = 0x6A6F6273
+
+
+class PostgreSQL(Vendor):
+    listens = True
+
+    def fetch(
+        self, connection: BaseDatabaseWrapper, sql: str, params: list[Any] | dict[str, Any]
+    ) -> list[tuple[Any, ...]]:
+        if not conf.get().PREPARED_STATEMENTS or not _psycopg3():
+            return super().fetch(connection, sql, params)
+        if connection.connection is None:
+            connection.ensure_connection()
+        with connection.wrap_database_errors:
+            cursor = _cursor(connection)
+            cursor.execute(sql, params, prepare=True)
+            rows: list[tuple[Any, ...]] = cursor.fetchall()
+            return rows
+
+    def claim(
+        self,
+        connection: BaseDatabaseWrapper,
+        key: Hashable,
+        picked: Callable[[], Any],
+        fields: Sequence[str],
+        worker_id: uuid.UUID,
+        token: uuid.UUID,
+        plan: int,
+    ) -> list[tuple[Any, ...]] | None:
+        statement = _claim_statement(connection, key, picked, tuple(fields), plan)
+        # Inside a caller's transaction (drain() in a test), a savepoint: a refused
+        # claim must not abort it, so that the two-statement claim can follow.
+        atomic = connection.in_atomic_block
+        if atomic:
+            with transaction.atomic(using=connection.alias):
+                return self.fetch(connection, statement, [worker_id, token, str(worker_id)])
+        return self.fetch(connection, statement, [worker_id, token, str(worker_id)])
+
+    def lock_keys(self, connection: BaseDatabaseWrapper, keys: list[str]) -> set[str]:
+        """The keys whose transaction-scoped advisory lock was free (taken without waiting)."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT key FROM unnest(%s::text[]) AS key "
+                "WHERE pg_try_advisory_xact_lock(%s, hashtext(key))",
+                [keys, ADVISORY_NAMESPACE],
+            )
+            return {row[0] for row in cursor.fetchall()}
+
+    def worker_ids(
+        self, column: str, params: list[Any], worker_id: str | None
+    ) -> tuple[str, list[Any]]:
+        if worker_id is None:
+            return f"({column} - -1)", params
+        return f"({column} || jsonb_build_array(%s::text))", [*params, worker_id]
+
+    def complete_many(
+        self,
+        connection: BaseDatabaseWrapper,
+        table: str,
+        status: str,
+        items: list[tuple[int, uuid.UUID, Any]],
+    ) -> set[tuple[int, uuid.UUID]] | None:
+        # One JSON document of (id, token, output) rows rather than a VALUES list:
+        # one statement text for every batch size (prepared once), one parameter
+        # to send. Fenced on the token alone, as leases.fenced().
+        statement = f"""
+            UPDATE {connection.ops.quote_name(table)} AS run
+            SET status = %s, output = v.output, finished_at = STATEMENT_TIMESTAMP(),
+                lease_token = NULL
+            FROM jsonb_to_recordset(%s::jsonb) AS v(id bigint, token uuid, output jsonb)
+            WHERE run.id = v.id AND run.lease_token = v.token
+            RETURNING run.id, v.token
+        """
+        rows = json.dumps(
+            [
+                {"id": run_id, "token": str(token), "output": output}
+                for run_id, token, output in items
+            ],
+            # ASCII: text jsonb refuses (a lone surrogate) fails as a database
+            # error of this batch, which is then written row by row.
+            cls=DjangoJSONEncoder,
+        )
+        return {
+            (run_id, token) for run_id, token in self.fetch(connection, statement, [status, rows])
+        }
+
+    def record_step(
+        self, connection: BaseDatabaseWrapper, params: dict[str, Any], *, completed: bool
+    ) -> bool:
+        return bool(self.fetch(connection, _step_statement(completed=completed), params))
+
+    def insert_runs(
+        self,
+        connection: BaseDatabaseWrapper,
+        template: JobRun,
+        texts: list[str],
+        data: list[Any],
+        keys: list[str | None],
+    ) -> list[JobRun] | None:
+        """One ``INSERT ... SELECT FROM unnest(...)``: the runs differ only in input and key.
+
+        Returns the runs as if loaded from the database. The ids come back as one
+        array and the time of the statement once, not as a row per run: reading
+        a timestamp per row costs more than inserting the rows.
+        """
+        quote = connection.ops.quote_name
+        columns: list[str] = []
+        values: list[str] = []
+        params: list[Any] = []
+        now_columns = []  # columns whose database default is the statement's time
+        for field in JobRun._meta.concrete_fields:
+            if field.primary_key:
+                continue
+            columns.append(quote(str(field.column)))
+            value = getattr(template, field.attname)
+            if field.attname in ("input", "concurrency_key"):
+                values.append(f"v.{field.attname}")
+            elif isinstance(value, DatabaseDefault):
+                # Now() is JobRun's only database default.
+                assert isinstance(value.get_source_expressions()[0], Now), value
+                now_columns.append(field.attname)
+                values.append("STATEMENT_TIMESTAMP()")
+            else:
+                values.append(f"%s::{field.cast_db_type(connection) or 'text'}")
+                params.append(field.get_db_prep_save(value, connection))
+        statement = (
+            f"WITH inserted AS (INSERT INTO {quote(JobRun._meta.db_table)} ({', '.join(columns)}) "
+            f"SELECT {', '.join(values)} "
+            "FROM unnest(%s::jsonb[], %s::text[]) WITH ORDINALITY AS v(input, concurrency_key, n) "
+            "ORDER BY v.n RETURNING id) "
+            # Ids come from a sequence in insertion order, so sorted they match the inputs.
+            "SELECT array_agg(id ORDER BY id), STATEMENT_TIMESTAMP() FROM inserted"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(statement, [*params, texts, keys])
+            ids, now = cursor.fetchone()
+        fields = {
+            field.attname: getattr(template, field.attname)
+            for field in JobRun._meta.concrete_fields
+        }
+        fields.update(dict.fromkeys(now_columns, now))
+        return [
+            _loaded(
+                connection.alias, {**fields, "id": run_id, "input": value, "concurrency_key": key}
+            )
+            for run_id, value, key in zip(ids, data, keys, strict=True)
+        ]
+
+    def bound_lock_waits(self, connection: BaseDatabaseWrapper, seconds: float) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT set_config('lock_timeout', %s, false)",
+                [f"{max(1, round(seconds * 1000))}ms"],
+            )
+
+    def notify(self, connection: BaseDatabaseWrapper, channel: str, pools: list[str]) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_notify(%s, pool) FROM unnest(%s::text[]) AS pool", [channel, pools]
+            )
+
+    def estimated_rows(self, connection: BaseDatabaseWrapper, table: str) -> int | None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass", [table]
+            )
+            row = cursor.fetchone()
+        return None if row is None else int(row[0])
+
+    def connection_limit(self, connection: BaseDatabaseWrapper) -> int | None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT current_setting('max_connections')::int")
+            row = cursor.fetchone()
+        return None if row is None else int(row[0])
+
+
+# (database alias, the caller's key of its candidates, fields, plan) -> the claim statement
+_claim_statements: dict[tuple[str, Hashable, tuple[str, ...], int], str] = {}
+
+
+def _claim_statement(
+    connection: BaseDatabaseWrapper,
+    key: Hashable,
+    picked: Callable[[], Any],
+    fields: tuple[str, ...],
+    plan: int,
+) -> str:
+    """The one-statement claim: the ORM's locking SELECT inside an UPDATE ... RETURNING.
+
+    Built once per candidates' query (pools, batch size), then sent as a prepared
+    statement. Its constants (statuses, pools) are written into the text, not
+    bound: a parameter in ``status = $1`` would keep the server from using the
+    partial index on pending runs in a generic plan, so it would plan the claim
+    again at every execution (a custom plan costs more than the claim).
+
+    The server keeps a prepared statement's generic plan until the table's
+    statistics change. A plan made while the table was nearly empty (a seq
+    scan) stays cheap only while it is: a burst of runs before the next ANALYZE
+    makes such claims slow. So ``plan`` is written into the text as
+    a comment, and the worker passes a new number when work starts after an
+    idle spell (and every minute): a new text is a new statement, planned for
+    the table as it is now.
+    """
+    using = connection.alias
+    cache_key = (using, key, fields, plan)
+    if cache_key in _claim_statements:
+        return _claim_statements[cache_key]
+    for stale in [known for known in _claim_statements if known[3] < plan - 1]:
+        del _claim_statements[stale]
+    # The ORM refuses to compile FOR UPDATE outside a transaction; nothing runs here.
+    ops: Any = connection.ops  # PostgreSQL's, which can quote values into SQL
+    query = picked().query
+    with transaction.atomic(using=using):
+        # The statement is run with parameters, so a "%" of a pool name is doubled.
+        picked_sql = ops.compose_sql(*query.get_compiler(using).as_sql()).replace("%", "%%")
+    table = ops.quote_name(JobRun._meta.db_table)
+    step_table = ops.quote_name(JobStep._meta.db_table)
+    returning = ", ".join(f"run.{ops.quote_name(name)}" for name in fields)
+    # One row per concurrency key (the first in claim order), and a key only
+    # under a transaction-scoped advisory lock taken without waiting: two claims
+    # putting several keys into the unique index at once could otherwise wait
+    # on each other in a cycle (see claiming.one_per_key for the two-statement form).
+    statement = f"""
+        /* django_jobs claim, plan {plan} */
+        WITH picked AS MATERIALIZED ({picked_sql}),
+        ranked AS (
+            SELECT id, concurrency_key, row_number() OVER (
+                PARTITION BY concurrency_key ORDER BY priority DESC, run_at
+            ) AS nth
+            FROM picked
+        )
+        UPDATE {table} AS run
+        SET status = '{Status.RUNNING}', attempts = run.attempts + 1, claimed_by_id = %s,
+            lease_token = %s, started_at = STATEMENT_TIMESTAMP(),
+            worker_ids = run.worker_ids || jsonb_build_array(%s::text)
+        FROM ranked
+        WHERE run.id = ranked.id AND run.status = '{Status.PENDING}' AND (
+            ranked.concurrency_key IS NULL OR (
+                ranked.nth = 1
+                AND pg_try_advisory_xact_lock(
+                    {ADVISORY_NAMESPACE}, hashtext(ranked.concurrency_key)
+                )
+            )
+        )
+        RETURNING {returning}, EXISTS (
+            SELECT 1 FROM {step_table} AS step WHERE step.run_id = run.id
+        ) AS has_steps
+    """
+    _claim_statements[cache_key] = statement
+    return statement
+
+
+@functools.cache
+def _step_statement(*, completed: bool) -> str:
+    """Insert a step's row only while the run is running under this lease.
+
+    ``FOR SHARE`` keeps the run so until this transaction ends, so a rescue
+    cannot slip between the check and an atomic step's commit. A failed step
+    recorded earlier is overwritten (its attempts counted up).
+    """
+    run_table = JobRun._meta.db_table
+    step_table = JobStep._meta.db_table
+    status = JobStep.StepStatus.COMPLETED if completed else JobStep.StepStatus.FAILED
+    output, error = ("%(output)s::jsonb", "NULL") if completed else ("NULL", "%(error)s::jsonb")
+    return f"""
+        INSERT INTO {step_table}
+            (run_id, step_id, seq, status, attempts, output, error, started_at, finished_at)
+        SELECT %(run)s, %(step)s, %(seq)s, '{status}', 1, {output}, {error},
+            COALESCE(to_timestamp(%(started)s), now()), now()
+        WHERE EXISTS (
+            SELECT 1 FROM {run_table}
+            WHERE id = %(run)s AND lease_token = %(token)s
+            FOR SHARE
+        )
+        ON CONFLICT (run_id, step_id) DO UPDATE SET
+            seq = EXCLUDED.seq,
+            status = EXCLUDED.status,
+            attempts = {step_table}.attempts + 1,
+            output = EXCLUDED.output,
+            error = EXCLUDED.error,
+            started_at = EXCLUDED.started_at,
+            finished_at = EXCLUDED.finished_at
+        WHERE {step_table}.status <> 'completed'
+        RETURNING 1
+    """
+
+
+def _loaded(using: str, fields: dict[str, Any]) -> JobRun:
+    """A JobRun as ``Model.from_db`` builds it, without the per-field ``__init__``.
+
+    ``from_db`` costs more than the INSERT itself for large batches; it is used
+    only when something listens to ``pre_init`` or ``post_init`` for JobRun.
+    """
+    if pre_init.has_listeners(JobRun) or post_init.has_listeners(JobRun):
+        return JobRun.from_db(using, list(fields), list(fields.values()))
+    run = JobRun.__new__(JobRun)
+    run.__dict__.update(fields)
+    run._state = ModelState()
+    run._state.adding = False
+    run._state.db = using
+    return run
+
+
+@functools.cache
+def _psycopg3() -> bool:
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+    return bool(is_psycopg3)
+
+
+def _cursor(connection: BaseDatabaseWrapper) -> Any:
+    """This connection's server-side-binding cursor, made once per database session."""
+    raw = connection.connection
+    cursor = getattr(connection, "_django_jobs_cursor", None)
+    if cursor is None or cursor.connection is not raw or cursor.closed:
+        import psycopg
+        from psycopg.types.datetime import TimestamptzLoader
+
+        if raw.prepare_threshold is None:
+            raw.prepare_threshold = _ONLY_WHEN_ASKED
+        cursor = psycopg.Cursor(raw)
+        # psycopg's own loader (in C with psycopg-binary) rather than Django's
+        # Python one; both give aware datetimes in the session's time zone (UTC).
+        cursor.adapters.register_loader("timestamptz", TimestamptzLoader)
+        connection._django_jobs_cursor = cursor  # type: ignore[attr-defined]
+    return cursor

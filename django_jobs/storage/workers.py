@@ -1,0 +1,90 @@
+"""Worker rows: registration, heartbeats, and the running runs of silent workers.
+
+Liveness is the holder's heartbeat, never the run's age: a long job on a live
+worker is left alone however long it runs. What happens to a silent worker's
+runs is ``transitions.rescue_stale``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from datetime import timedelta
+from typing import Any
+
+from django.db.models import DateTimeField, ExpressionWrapper, Q, Value
+from django.db.models.functions import Now
+
+from ..models import JobPool, Status, Worker, WorkerStatus
+from . import runs, using
+
+
+def register_worker(
+    hostname: str,
+    pid: int,
+    pools: Sequence[str] | None,
+    concurrency: int,
+    worker_id: uuid.UUID | None = None,
+) -> Worker:
+    """Insert this worker's row (again, under the same id, when ``worker_id`` is given)."""
+    worker = Worker(
+        id=worker_id or uuid.uuid4(),
+        hostname=hostname,
+        pid=pid,
+        pools=list(pools or []),
+        concurrency=concurrency,
+    )
+    worker.save(using=using(), force_insert=True)
+    if pools:
+        # The admin's pool list shows every pool a worker has served.
+        record_pools(pools)
+    return worker
+
+
+def record_pools(names: Iterable[str]) -> None:
+    """Make a row for each pool a worker serves, so the admin lists it (idempotent)."""
+    JobPool.objects.using(using()).bulk_create(
+        [JobPool(name=name) for name in names], ignore_conflicts=True
+    )
+
+
+def heartbeat(worker_id: uuid.UUID, status: str) -> bool:
+    """Record that this worker is alive; False when its row is gone."""
+    return bool(
+        Worker.objects.using(using()).filter(pk=worker_id).update(heartbeat_at=Now(), status=status)
+    )
+
+
+def stop_worker(worker_id: uuid.UUID) -> None:
+    Worker.objects.using(using()).filter(pk=worker_id).update(
+        status=WorkerStatus.STOPPED, stopped_at=Now(), heartbeat_at=Now()
+    )
+
+
+def _silent_since(stale_after: float) -> ExpressionWrapper[Any]:
+    return ExpressionWrapper(
+        Now() - Value(timedelta(seconds=stale_after)), output_field=DateTimeField()
+    )
+
+
+def mark_lost(stale_after: float) -> int:
+    """Mark the live workers silent for ``stale_after`` seconds lost; return how many.
+
+    Its own statement: no worker row stays locked while their runs are swept.
+    """
+    return int(
+        Worker.objects.using(using())
+        .filter(
+            status__in=[WorkerStatus.RUNNING, WorkerStatus.STOPPING],
+            heartbeat_at__lt=_silent_since(stale_after),
+        )
+        .update(status=WorkerStatus.LOST)
+    )
+
+
+def stale_runs(pools: Sequence[str] | None, stale_after: float) -> Any:
+    """Running runs (of ``pools``) whose worker is gone or silent for ``stale_after`` seconds."""
+    cutoff = _silent_since(stale_after)
+    stale = Q(claimed_by__isnull=True) | Q(claimed_by__heartbeat_at__lt=cutoff)
+    found = runs().filter(stale, status=Status.RUNNING)
+    return found if pools is None else found.filter(pool__in=pools)

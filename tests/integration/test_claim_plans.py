@@ -1,0 +1,66 @@
+"""The claim's prepared statement: planned once per connection, afresh after an idle spell."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from django.db import connection, connections
+
+from django_jobs import start_many
+from django_jobs.models import JobRun, Status
+from django_jobs.storage import claiming
+from django_jobs.storage.claiming import Claim
+from django_jobs.worker import JobWorker
+from tests.factories import WorkerFactory
+from tests.helpers import wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_the_claim_is_planned_once_per_connection() -> None:
+    start_many("tests.noop", [{} for _ in range(12)])
+    worker = WorkerFactory().pk
+    for _ in range(12):
+        assert len(claiming.claim_batch(worker, ["default"], 1)) == 1
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+            "WHERE statement LIKE '%%FOR UPDATE SKIP LOCKED%%'"
+        )
+        ((generic, custom),) = cursor.fetchall()
+    # The server plans custom five times, then keeps the cached generic plan.
+    assert generic >= 6
+    assert custom <= 5
+
+
+def test_the_worker_plans_its_claim_afresh_when_runs_come_after_an_idle_spell(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A generic plan made while the table was empty stays in use until the next
+    # ANALYZE; a burst of runs must be claimed with a plan made for it.
+    seen: list[tuple[int, int]] = []
+    real = claiming.claim_batch
+
+    def recording(*args: Any, plan: int = 0) -> list[Claim]:
+        batch = real(*args, plan=plan)
+        seen.append((plan, len(batch)))
+        return batch
+
+    monkeypatch.setattr("django_jobs.worker.claim_batch", recording)
+    worker = JobWorker(["default"], concurrency=4, poll_interval=0.05)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_until(lambda: len(seen) >= 3, timeout=10)  # idle claims
+        start_many("tests.noop", [{} for _ in range(20)])
+        wait_until(lambda: JobRun.objects.filter(status=Status.COMPLETED).count() == 20)
+    finally:
+        worker.request_stop()
+        thread.join(30)
+        connections.close_all()
+    first_busy = next(i for i, (_, size) in enumerate(seen) if size)
+    idle_plan = seen[first_busy][0]
+    assert all(plan == idle_plan for plan, _ in seen[:first_busy])
+    assert seen[first_busy + 1][0] == idle_plan + 1
