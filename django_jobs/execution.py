@@ -69,9 +69,12 @@ FINISHED_AS = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Decision:
-    """What an attempt came to, before it is written: the one input of ``record``."""
+    """What an attempt came to, before it is written: the one input of ``record``.
+
+    Not changed once made (not frozen only because that costs each run more).
+    """
 
     outcome: Outcome
     output: Any = None  # of a completed run

@@ -29,6 +29,7 @@ from .leases import WorkerIds
 logger = logging.getLogger(__name__)
 
 # The columns a worker needs to execute a claimed run; read in the claim itself.
+# _claim_in_one_statement reads them by position: change both together.
 CLAIM_FIELDS = (
     "id",
     "job_type",
@@ -47,9 +48,14 @@ CLAIM_FIELDS = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Claim:
-    """A run this worker holds: the row as claimed, plus the lease that fences it."""
+    """A run this worker holds: the row as claimed, plus the lease that fences it.
+
+    Not changed once made (``dataclasses.replace`` makes a changed copy). Not
+    frozen only because a frozen dataclass costs several times as much to build,
+    and a worker builds one per run.
+    """
 
     run_id: int
     attempt: int  # this attempt's number, counted at claim
@@ -179,12 +185,29 @@ def _claim_in_one_statement(
     )
     if rows is None:
         return None
-    claims = []
-    for values in rows:
-        row = dict(zip(CLAIM_FIELDS, values[:-1], strict=True))
-        # Django reads jsonb as text, for the model field to decode.
-        row["input"] = {} if row["input"] == "{}" else json.loads(row["input"])
-        claims.append(Claim.from_row(row, token, has_steps=values[-1]))
+    # The values come in CLAIM_FIELDS order, then has_steps.
+    claims = [
+        Claim(
+            run_id=values[0],
+            attempt=values[5],
+            lease_token=token,
+            job_type=values[1],
+            pool=values[2],
+            priority=values[3],
+            # Django reads jsonb as text, for the model field to decode.
+            input={} if values[4] == "{}" else json.loads(values[4]),
+            max_attempts=values[6],
+            tenant_id=values[7],
+            parent_id=values[8],
+            root_id=values[9],
+            created_at=values[10],
+            run_at=values[11],
+            concurrency_key=values[12],
+            cancel_requested_at=values[13],
+            has_steps=values[14],
+        )
+        for values in rows
+    ]
     # Highest priority first (RETURNING has no order); the whole batch starts at once.
     claims.sort(key=lambda claim: -claim.priority)
     return claims
