@@ -72,26 +72,30 @@ def check_databases(
 
 def check_database(alias: str) -> list[CheckMessage]:
     """Return the messages about database ``alias`` as the jobs database."""
-    features = connections[alias].features
-    if features.has_select_for_update_skip_locked:
-        return []
-    if connections[alias].vendor == "sqlite":
+    return database_messages(connections[alias], alias)
+
+
+def database_messages(connection: Any, alias: str) -> list[CheckMessage]:
+    """The messages about ``connection`` (of ``alias``) as the jobs database: an
+    error when django_jobs cannot run on it, a warning when it runs with a limit."""
+    from .storage import vendors
+
+    vendor = vendors.of(connection)
+    reason = vendor.unserved(connection)
+    if reason is not None:
         return [
-            Warning(
-                "The jobs database is SQLite, which has no row locks: run one worker "
-                "process only (threads are fine), or runs may execute twice.",
-                hint="Use PostgreSQL for more than one worker process.",
-                id="django_jobs.W001",
+            Error(
+                f"The jobs database {alias!r} cannot hold django_jobs' tables: {reason}.",
+                hint="Use PostgreSQL for the jobs database (docs/installation.md).",
+                id="django_jobs.E005",
             )
         ]
-    return [
-        Error(
-            f"The jobs database {alias!r} ({connections[alias].vendor}) does not support "
-            "SELECT ... FOR UPDATE SKIP LOCKED, which claiming runs needs.",
-            hint="Use PostgreSQL (or MariaDB 10.6+ / MySQL 8).",
-            id="django_jobs.E005",
-        )
-    ]
+    limit = vendor.limit(connection)
+    if limit is not None:
+        return [
+            Warning(f"The jobs database {limit}", hint=vendor.limit_hint, id="django_jobs.W001")
+        ]
+    return []
 
 
 SCHEDULE_HINTS = {

@@ -6,7 +6,13 @@ from typing import Any
 import pytest
 
 from django_jobs import conf
-from django_jobs.checks import check_database, check_databases, check_schedules, check_settings
+from django_jobs.checks import (
+    check_database,
+    check_databases,
+    check_schedules,
+    check_settings,
+    database_messages,
+)
 
 
 def ids(messages: list[Any]) -> list[str]:
@@ -119,3 +125,27 @@ def test_database_check_runs_only_for_the_jobs_alias(settings: Any) -> None:
     settings.DJANGO_JOBS = {"DATABASE": "sqlite"}
     assert check_databases(databases=None) == []
     assert ids(check_databases(databases=["sqlite"])) == ["django_jobs.W001"]
+
+
+def _connection(vendor: str, display_name: str) -> Any:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(vendor=vendor, display_name=display_name)
+
+
+@pytest.mark.parametrize(
+    ("vendor", "name"), [("mysql", "MariaDB"), ("mysql", "MySQL"), ("oracle", "Oracle")]
+)
+def test_a_database_django_jobs_does_not_run_on_is_refused(vendor: str, name: str) -> None:
+    # MariaDB and MySQL have SKIP LOCKED, yet a worker there would fail every
+    # claim and migrate would drop the partial unique indexes: refused at once.
+    [message] = database_messages(_connection(vendor, name), "jobs")
+    assert message.id == "django_jobs.E005"
+    assert message.is_serious()
+    assert f"does not run on {name}" in message.msg
+    assert "PostgreSQL" in str(message.hint)
+
+
+def test_postgresql_and_sqlite_are_served() -> None:
+    assert database_messages(_connection("postgresql", "PostgreSQL"), "default") == []
+    assert ids(database_messages(_connection("sqlite", "SQLite"), "x")) == ["django_jobs.W001"]

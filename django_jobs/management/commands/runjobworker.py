@@ -107,13 +107,14 @@ class Command(JobsCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         self._configure_logging(options["verbosity"])
         alias = conf.get().DATABASE
-        wait_for_database(alias, options["start_timeout"])
-        # The command's own system checks ran already; the database ones need a
-        # connection and are not run by default, but a worker must not start on a
-        # database that cannot lock rows safely.
+        # The command's own system checks ran already; the database ones are not
+        # run by default, but a worker must not start on a database django_jobs
+        # does not run on. Checked before connecting: it is said first, and not
+        # hidden behind "the tables are missing".
         problems = [m for m in check_database(alias) if m.is_serious()]
         if problems:
             raise CommandError("; ".join(f"{m.id}: {m.msg}" for m in problems))
+        wait_for_database(alias, options["start_timeout"])
         slots = self._concurrency(options["concurrency"], alias)
         if options["metrics_port"] is not None:
             self._serve_metrics(options["metrics_port"], options["metrics_addr"])

@@ -22,6 +22,23 @@ class Vendor:
 
     # Whether idle workers can be woken by the database (LISTEN/NOTIFY) instead of polling.
     listens = False
+    # What to do about ``limit()``.
+    limit_hint = ""
+
+    def unserved(self, connection: BaseDatabaseWrapper) -> str | None:
+        """Why django_jobs cannot run on this database, or None when it can.
+
+        A database without a vendor module is refused: the portable forms alone do
+        not say how its rows are locked, nor how a run's attempts are recorded.
+        """
+        return (
+            f"django_jobs does not run on {connection.display_name} yet; it runs on "
+            "PostgreSQL, and on SQLite with one worker process"
+        )
+
+    def limit(self, connection: BaseDatabaseWrapper) -> str | None:
+        """What django_jobs cannot do on this database that it does elsewhere, or None."""
+        return None
 
     def fetch(
         self, connection: BaseDatabaseWrapper, sql: str, params: list[Any] | dict[str, Any]

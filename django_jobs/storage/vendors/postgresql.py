@@ -42,6 +42,9 @@ ADVISORY_NAMESPACE = 0x6A6F6273
 class PostgreSQL(Vendor):
     listens = True
 
+    def unserved(self, connection: BaseDatabaseWrapper) -> str | None:
+        return None
+
     def fetch(
         self, connection: BaseDatabaseWrapper, sql: str, params: list[Any] | dict[str, Any]
     ) -> list[tuple[Any, ...]]:
