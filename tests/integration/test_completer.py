@@ -24,6 +24,7 @@ from django_jobs.models import JobRun, Status
 from django_jobs.signals import run_completed
 from django_jobs.storage import claiming
 from django_jobs.storage.claiming import Claim
+from django_jobs.storage.leases import complete_many
 from django_jobs.storage.notify import raw_connection_params
 from tests.factories import WorkerFactory
 from tests.helpers import wait_until
@@ -34,6 +35,59 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def claimed(n: int) -> list[Claim]:
     start_many("tests.noop", [{} for _ in range(n)])
     return claiming.claim_batch(WorkerFactory().pk, None, n)
+
+
+# --- completions written in batches -------------------------------------------------
+
+
+def test_batched_completion_is_fenced_per_run() -> None:
+    start_many("tests.echo", [{"n": n} for n in range(5)])
+    batch = claiming.claim_batch(WorkerFactory().pk, None, 5)
+    stolen = batch[2]
+    JobRun.objects.filter(pk=stolen.run_id).update(lease_token=uuid.uuid4())
+    written = complete_many([(claim, {"done": claim.run_id}) for claim in batch])
+    assert written == {(c.run_id, c.lease_token) for c in batch if c is not stolen}
+    for claim in batch:
+        run = JobRun.objects.get(pk=claim.run_id)
+        if claim is stolen:
+            assert (run.status, run.output) == (Status.RUNNING, None)
+        else:
+            assert (run.status, run.output, run.lease_token) == (
+                Status.COMPLETED,
+                {"done": claim.run_id},
+                None,
+            )
+
+
+def test_the_completer_answers_each_caller_for_its_own_run() -> None:
+    start_many("tests.noop", [{} for _ in range(20)])
+    batch = claiming.claim_batch(WorkerFactory().pk, None, 20)
+    JobRun.objects.filter(pk=batch[0].run_id).update(status=Status.CANCELED, lease_token=None)
+    completer = Completer(record_handed_off)
+    results: dict[int, bool] = {}
+
+    def finish(claim: Claim) -> None:
+        try:
+            results[claim.run_id] = completer.complete(claim, None)
+        finally:
+            from django.db import connections
+
+            connections.close_all()
+
+    threads = [threading.Thread(target=finish, args=(c,)) for c in batch]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    completer.close()
+    assert results[batch[0].run_id] is False
+    assert all(results[c.run_id] for c in batch[1:])
+    assert JobRun.objects.filter(status=Status.COMPLETED).count() == 19
+    # After close (a handler that outlived the drain), a completion is written alone.
+    start("tests.noop")
+    (late,) = claiming.claim_batch(WorkerFactory().pk, None, 1)
+    assert completer.complete(late, {"late": True}) is True
+    assert JobRun.objects.get(pk=late.run_id).output == {"late": True}
 
 
 # --- completions handed off ----------------------------------------------------------

@@ -1,9 +1,8 @@
-"""LISTEN/NOTIFY wake-ups (with polling behind them) and batched completion."""
+"""LISTEN/NOTIFY wake-ups, with polling behind them."""
 
 from __future__ import annotations
 
 import threading
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,16 +11,11 @@ import pytest
 from django.db import connection, connections, transaction
 
 from django_jobs import start, start_many
-from django_jobs.completer import Completer
-from django_jobs.execution import record_handed_off
 from django_jobs.models import JobRun, Status
-from django_jobs.storage import claiming, notify
-from django_jobs.storage.claiming import Claim
+from django_jobs.storage import notify
 from django_jobs.storage.control import ControlConnection
-from django_jobs.storage.leases import complete_many
 from django_jobs.storage.notify import CHANNEL, Listener, raw_connection_params
 from django_jobs.worker import JobWorker
-from tests.factories import WorkerFactory
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -141,56 +135,6 @@ def test_with_listen_notify_off_the_worker_polls(settings: Any) -> None:
     finally:
         worker.request_stop()
         thread.join(30)
-
-
-def test_batched_completion_is_fenced_per_run() -> None:
-    start_many("tests.echo", [{"n": n} for n in range(5)])
-    batch = claiming.claim_batch(WorkerFactory().pk, None, 5)
-    stolen = batch[2]
-    JobRun.objects.filter(pk=stolen.run_id).update(lease_token=uuid.uuid4())
-    written = complete_many([(claim, {"done": claim.run_id}) for claim in batch])
-    assert written == {(c.run_id, c.lease_token) for c in batch if c is not stolen}
-    for claim in batch:
-        run = JobRun.objects.get(pk=claim.run_id)
-        if claim is stolen:
-            assert (run.status, run.output) == (Status.RUNNING, None)
-        else:
-            assert (run.status, run.output, run.lease_token) == (
-                Status.COMPLETED,
-                {"done": claim.run_id},
-                None,
-            )
-
-
-def test_the_completer_answers_each_caller_for_its_own_run() -> None:
-    start_many("tests.noop", [{} for _ in range(20)])
-    batch = claiming.claim_batch(WorkerFactory().pk, None, 20)
-    JobRun.objects.filter(pk=batch[0].run_id).update(status=Status.CANCELED, lease_token=None)
-    completer = Completer(record_handed_off)
-    results: dict[int, bool] = {}
-
-    def finish(claim: Claim) -> None:
-        try:
-            results[claim.run_id] = completer.complete(claim, None)
-        finally:
-            from django.db import connections
-
-            connections.close_all()
-
-    threads = [threading.Thread(target=finish, args=(c,)) for c in batch]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(20)
-    completer.close()
-    assert results[batch[0].run_id] is False
-    assert all(results[c.run_id] for c in batch[1:])
-    assert JobRun.objects.filter(status=Status.COMPLETED).count() == 19
-    # After close (a handler that outlived the drain), a completion is written alone.
-    start("tests.noop")
-    (late,) = claiming.claim_batch(WorkerFactory().pk, None, 1)
-    assert completer.complete(late, {"late": True}) is True
-    assert JobRun.objects.get(pk=late.run_id).output == {"late": True}
 
 
 def test_a_notification_lost_while_the_listener_is_down_is_covered_by_polling(
