@@ -135,7 +135,7 @@ def decide(attempt: Attempt) -> Decision:
     handler = attempt.handler
     if handler is None:
         try:
-            handler = get_handler(claim.job_type, resolve=True)
+            handler = attempt.handler = get_handler(claim.job_type, resolve=True)
         except UnknownJobType as exc:
             # start() refuses unknown types, so this is a deploy where this worker
             # lacks a handler the enqueuer had. Fail it visibly; it can be retried.

@@ -180,7 +180,7 @@ def finish(
                 follow_up(claim.run_id, parent_id, status)
         except DatabaseError:
             logger.exception(
-                "run=%s finished, but its parent and children could not be told", claim.run_id
+                "run=%s %s, but its parent and children could not be told", claim.run_id, status
             )
         return True
     with transaction.atomic(using=_using()):
