@@ -3,7 +3,7 @@
 A durable commit costs about as much as a short run. So a worker's threads
 hand their successful outcomes to one ``Completer``, which writes whatever
 has gathered while its previous write was in flight (group commit, no fixed
-wait) in one statement (``leases.complete_many``), fenced per run exactly like
+wait) in one statement (``transitions.complete_many``), fenced per run exactly like
 a single write: a row is only changed while it is running under the lease
 token given with it. A thread either waits for its own row's result
 (``complete``) or hands the completion over and takes its next run
@@ -26,7 +26,7 @@ from django.db import InterfaceError, OperationalError, connections
 from .storage.claiming import Claim
 from .storage.connections import discard_broken_connections
 from .storage.control import ControlConnection
-from .storage.leases import complete_many
+from .transitions import complete_many
 
 logger = logging.getLogger(__name__)
 

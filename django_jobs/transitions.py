@@ -191,6 +191,16 @@ def finish(
     return True
 
 
+def complete_many(items: list[tuple[Claim, Any]]) -> set[tuple[int, uuid.UUID]]:
+    """Finish many claimed runs without a parent completed, each under its lease, in
+    one statement where the database can; the (run id, lease token) pairs written.
+
+    Such an end implies nothing more (no parent to wake, no children to close), so
+    the completer writes many at once (see ``finish`` for the single-run form).
+    """
+    return leases.complete_many(items)
+
+
 def _write_end(
     claim: Claim, status: str, output: Any, error: dict[str, Any] | None, extra: dict[str, Any]
 ) -> bool:
