@@ -10,7 +10,7 @@
 
 Nothing here decides what a run's change implies (a parent to wake, children to
 close): that is ``django_jobs.transitions``, the only caller of the writes that
-move a run from one status to another.
+move a run from one status to another, the claim aside.
 """
 
 from __future__ import annotations
