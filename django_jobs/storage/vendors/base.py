@@ -2,7 +2,8 @@
 
 A method that returns None says "this database has no faster form": the caller
 then uses the portable way (the two-statement claim, a write per run, Django's
-``bulk_create``), which holds every rule on any database with row locks.
+``bulk_create``), as on SQLite. A database with no vendor module of its own gets
+this class as it is, whose ``unserved()`` refuses it.
 """
 
 from __future__ import annotations
