@@ -91,7 +91,7 @@ class Vendor:
         self, connection: BaseDatabaseWrapper, params: dict[str, Any], *, completed: bool
     ) -> bool:
         """Insert or update a step's row while its run's lease holds, in one statement."""
-        raise NotSupportedError("django_jobs records steps on PostgreSQL only")
+        raise NotSupportedError("django_jobs records steps on PostgreSQL and SQLite only")
 
     def insert_runs(
         self,

@@ -1,0 +1,131 @@
+"""SQLite as the jobs database, in one process: the durable features under ``drain()``.
+
+SQLite serves a project's own tests and development in one process (check
+W001 warns of a second worker process). Steps are recorded by SQLite's own
+statement (``storage/vendors/sqlite.py``); the rest is the portable forms.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.test import override_settings
+
+from django_jobs import JobContext, RetryPolicy, cancel, job, retry, start
+from django_jobs.models import JobRun, JobStep, Status
+from django_jobs.registry import unregister
+from django_jobs.testing import drain
+from tests.testapp.models import Execution
+
+pytestmark = pytest.mark.django_db(databases=["default", "sqlite"], transaction=True)
+
+JOBS = (
+    "sqlite.steps",
+    "sqlite.child",
+    "sqlite.parent",
+    "sqlite.parent_elsewhere",
+    "sqlite.sleeper",
+)
+
+
+def runs() -> Any:
+    return JobRun.objects.using("sqlite")
+
+
+def run_of(run: JobRun) -> JobRun:
+    return runs().get(pk=run.pk)
+
+
+def _effect(ctx: JobContext) -> Execution:
+    """A side effect, counted in the default database."""
+    return Execution.objects.create(
+        run_id=ctx.run_id, job_type=ctx.job_type, attempt=ctx.attempt, pid=0
+    )
+
+
+@pytest.fixture(autouse=True)
+def on_sqlite() -> Iterator[None]:
+    with override_settings(DJANGO_JOBS={"DATABASE": "sqlite"}):
+
+        @job("sqlite.steps", retry=RetryPolicy(attempts=2, base_delay=0, jitter=False))
+        def steps(ctx: JobContext) -> Any:
+            first = ctx.step("first", lambda: _effect(ctx).pk)
+            second = ctx.step("second", lambda: first + 1, atomic=True)
+            if ctx.attempt == 1:
+                raise ValueError("the first attempt fails after its steps")
+            return {"first": first, "second": second}
+
+        @job("sqlite.child")
+        def child(ctx: JobContext) -> Any:
+            return ctx.input["n"] * 2
+
+        @job("sqlite.parent")
+        def parent(ctx: JobContext) -> Any:
+            kids = [ctx.spawn_child("sqlite.child", {"n": n}) for n in range(3)]
+            return {"sum": sum(ctx.wait_for(kids))}
+
+        @job("sqlite.parent_elsewhere")
+        def parent_elsewhere(ctx: JobContext) -> Any:
+            kids = [ctx.spawn_child("sqlite.child", {"n": n}, pool="later") for n in range(3)]
+            return {"sum": sum(ctx.wait_for(kids))}
+
+        @job("sqlite.sleeper")
+        def sleeper(ctx: JobContext) -> Any:
+            ctx.sleep("nap", timedelta(seconds=0.3))
+            return "woke"
+
+        try:
+            yield
+        finally:
+            for name in JOBS:
+                unregister(name)
+
+
+def test_steps_are_recorded_once_and_replayed_on_the_next_attempt() -> None:
+    run = start("sqlite.steps")
+    assert drain() == 2  # the failed first attempt, then the retry
+    done = run_of(run)
+    assert done.status == Status.COMPLETED, done.error
+    assert done.attempts == 2
+    assert len(done.worker_ids) == 2
+    # The first step's side effect happened once: the retry replayed its output.
+    assert Execution.objects.filter(run_id=run.pk).count() == 1
+    steps = JobStep.objects.using("sqlite").filter(run_id=run.pk).order_by("seq")
+    assert [(s.step_id, s.status) for s in steps] == [
+        ("first", "completed"),
+        ("second", "completed"),
+    ]
+    assert done.output == {"first": steps[0].output, "second": steps[0].output + 1}
+
+
+def test_children_are_started_once_and_awaited() -> None:
+    run = start("sqlite.parent")
+    drain()
+    assert run_of(run).status == Status.COMPLETED
+    assert run_of(run).output == {"sum": 6}
+    assert runs().filter(parent_id=run.pk).count() == 3
+
+
+def test_a_durable_sleep_waits_and_resumes_once_it_is_over() -> None:
+    run = start("sqlite.sleeper")
+    drain()
+    assert run_of(run).status == Status.WAITING
+    assert run_of(run).attempts == 0  # waiting gives the attempt back
+    time.sleep(0.4)
+    drain()  # wakes the sleeper, whose sleep is over, and runs it
+    assert (run_of(run).status, run_of(run).output) == (Status.COMPLETED, "woke")
+
+
+def test_cancel_cascades_and_retry_starts_over() -> None:
+    run = start("sqlite.parent_elsewhere")
+    drain("default")  # the parent only: it spawns its children and waits
+    assert run_of(run).status == Status.WAITING
+    assert cancel(run.pk) == 4  # the parent and its three pending children
+    assert set(runs().values_list("status", flat=True)) == {Status.CANCELED}
+    retry(run.pk, reset_steps=True)  # new children, not the canceled ones
+    drain()
+    assert (run_of(run).status, run_of(run).output) == (Status.COMPLETED, {"sum": 6})
