@@ -24,6 +24,7 @@ from tests.testapp.models import Execution
 pytestmark = pytest.mark.django_db(databases=["default", "sqlite"], transaction=True)
 
 JOBS = (
+    "sqlite.failing_step",
     "sqlite.steps",
     "sqlite.child",
     "sqlite.parent",
@@ -58,6 +59,15 @@ def on_sqlite() -> Iterator[None]:
             if ctx.attempt == 1:
                 raise ValueError("the first attempt fails after its steps")
             return {"first": first, "second": second}
+
+        @job("sqlite.failing_step", retry=RetryPolicy(attempts=2, base_delay=0, jitter=False))
+        def failing_step(ctx: JobContext) -> Any:
+            def once() -> int:
+                if ctx.attempt == 1:
+                    raise ValueError("the step fails on the first attempt")
+                return ctx.attempt
+
+            return ctx.step("flaky", once)
 
         @job("sqlite.child")
         def child(ctx: JobContext) -> Any:
@@ -100,6 +110,15 @@ def test_steps_are_recorded_once_and_replayed_on_the_next_attempt() -> None:
         ("second", "completed"),
     ]
     assert done.output == {"first": steps[0].output, "second": steps[0].output + 1}
+
+
+def test_a_failed_step_is_recorded_then_overwritten_by_its_success() -> None:
+    run = start("sqlite.failing_step")
+    drain()
+    assert (run_of(run).status, run_of(run).output) == (Status.COMPLETED, 2)
+    step = JobStep.objects.using("sqlite").get(run_id=run.pk)
+    assert (step.step_id, step.status, step.attempts, step.output) == ("flaky", "completed", 2, 2)
+    assert step.error is None
 
 
 def test_children_are_started_once_and_awaited() -> None:
