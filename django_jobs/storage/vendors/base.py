@@ -15,7 +15,7 @@ from typing import Any
 from django.db import NotSupportedError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from ...models import JobRun
+from ...models import JobRun, JobStep
 
 
 class Vendor:
@@ -118,3 +118,39 @@ class Vendor:
     def connection_limit(self, connection: BaseDatabaseWrapper) -> int | None:
         """How many connections the server accepts, or None where it is not known."""
         return None
+
+
+def step_statement(*, completed: bool, json: str, started: str, now: str, lock: str) -> str:
+    """The statement that records a step, written once for every database with an upsert.
+
+    The row is inserted only while the run is running under this lease; a failed
+    step recorded earlier is overwritten (its attempts counted up), a completed
+    one never. A vendor fills in its dialect: ``json`` casts a JSON parameter,
+    ``started`` and ``now`` are the step's times, ``lock`` keeps the run as it
+    is until the transaction ends. The WHERE of the SELECT also keeps SQLite
+    from reading ON CONFLICT as part of a join.
+    """
+    run_table = JobRun._meta.db_table
+    step_table = JobStep._meta.db_table
+    status = JobStep.StepStatus.COMPLETED if completed else JobStep.StepStatus.FAILED
+    output, error = (f"%(output)s{json}", "NULL") if completed else ("NULL", f"%(error)s{json}")
+    return f"""
+        INSERT INTO {step_table}
+            (run_id, step_id, seq, status, attempts, output, error, started_at, finished_at)
+        SELECT %(run)s, %(step)s, %(seq)s, '{status}', 1, {output}, {error}, {started}, {now}
+        WHERE EXISTS (
+            SELECT 1 FROM {run_table}
+            WHERE id = %(run)s AND lease_token = %(token)s
+            {lock}
+        )
+        ON CONFLICT (run_id, step_id) DO UPDATE SET
+            seq = excluded.seq,
+            status = excluded.status,
+            attempts = {step_table}.attempts + 1,
+            output = excluded.output,
+            error = excluded.error,
+            started_at = excluded.started_at,
+            finished_at = excluded.finished_at
+        WHERE {step_table}.status <> 'completed'
+        RETURNING 1
+    """

@@ -27,7 +27,7 @@ from django.db.models.signals import post_init, pre_init
 
 from ... import conf
 from ...models import JobRun, JobStep, Status
-from .base import Vendor
+from .base import Vendor, step_statement
 
 # psycopg prepares a statement on its own after this many executions; Django
 # disables that (None), and so would ``prepare=True``. A threshold no statement
@@ -293,37 +293,15 @@ def _claim_statement(
 
 @functools.cache
 def _step_statement(*, completed: bool) -> str:
-    """Insert a step's row only while the run is running under this lease.
-
-    ``FOR SHARE`` keeps the run so until this transaction ends, so a rescue
-    cannot slip between the check and an atomic step's commit. A failed step
-    recorded earlier is overwritten (its attempts counted up).
-    """
-    run_table = JobRun._meta.db_table
-    step_table = JobStep._meta.db_table
-    status = JobStep.StepStatus.COMPLETED if completed else JobStep.StepStatus.FAILED
-    output, error = ("%(output)s::jsonb", "NULL") if completed else ("NULL", "%(error)s::jsonb")
-    return f"""
-        INSERT INTO {step_table}
-            (run_id, step_id, seq, status, attempts, output, error, started_at, finished_at)
-        SELECT %(run)s, %(step)s, %(seq)s, '{status}', 1, {output}, {error},
-            COALESCE(to_timestamp(%(started)s), now()), now()
-        WHERE EXISTS (
-            SELECT 1 FROM {run_table}
-            WHERE id = %(run)s AND lease_token = %(token)s
-            FOR SHARE
-        )
-        ON CONFLICT (run_id, step_id) DO UPDATE SET
-            seq = EXCLUDED.seq,
-            status = EXCLUDED.status,
-            attempts = {step_table}.attempts + 1,
-            output = EXCLUDED.output,
-            error = EXCLUDED.error,
-            started_at = EXCLUDED.started_at,
-            finished_at = EXCLUDED.finished_at
-        WHERE {step_table}.status <> 'completed'
-        RETURNING 1
-    """
+    """``FOR SHARE`` keeps the run running under this lease until the transaction
+    ends, so a rescue cannot slip between the check and an atomic step's commit."""
+    return step_statement(
+        completed=completed,
+        json="::jsonb",
+        started="COALESCE(to_timestamp(%(started)s), now())",
+        now="now()",
+        lock="FOR SHARE",
+    )
 
 
 def _loaded(using: str, fields: dict[str, Any]) -> JobRun:
