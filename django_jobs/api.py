@@ -100,6 +100,11 @@ def start_handler(
     return run
 
 
+# About the most input one INSERT of start_many() carries where runs are written
+# with Django's bulk_create.
+_BATCH_BYTES = 4 << 20
+
+
 def start_many(job_type: str, inputs: Iterable[Any], **options: Any) -> list[JobRun]:
     """Enqueue one run of ``job_type`` per input with one multi-row INSERT.
 
@@ -127,7 +132,10 @@ def start_many(job_type: str, inputs: Iterable[Any], **options: Any) -> list[Job
     if inserted is not None:
         return inserted
     runs = [_copy(template, value, key) for value, key in zip(data, keys, strict=True)]
-    return JobRun.objects.using(using).bulk_create(runs)
+    # Statements of a few MiB at most: a server refuses a larger one (MariaDB's
+    # max_allowed_packet), and bulk_create writes all batches in one transaction.
+    batch = max(1, _BATCH_BYTES // max(len(text.encode()) for text in texts))
+    return JobRun.objects.using(using).bulk_create(runs, batch_size=batch)
 
 
 def _copy(template: JobRun, data: Any, key: str | None) -> JobRun:

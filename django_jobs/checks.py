@@ -86,7 +86,8 @@ def database_messages(connection: Any, alias: str) -> list[CheckMessage]:
         return [
             Error(
                 f"The jobs database {alias!r} cannot hold django_jobs' tables: {reason}.",
-                hint="Use PostgreSQL for the jobs database (docs/installation.md).",
+                hint="Use PostgreSQL, MariaDB 10.6+ or MySQL 8.0.17+ (InnoDB) for the jobs "
+                "database (docs/installation.md).",
                 id="django_jobs.E005",
             )
         ]

@@ -62,6 +62,12 @@ def user_settings() -> dict[str, Any]:
     return {} if value is None else value
 
 
+def is_given(key: str) -> bool:
+    """Whether ``settings.DJANGO_JOBS`` sets ``key`` (rather than leaving it to the default)."""
+    given = user_settings()
+    return isinstance(given, dict) and key in given
+
+
 def merged() -> dict[str, Any]:
     """The known keys of ``settings.DJANGO_JOBS`` over the defaults, as given (unconverted)."""
     given = user_settings()

@@ -26,6 +26,7 @@ from django.db.models.functions import Now
 
 from . import conf
 from .models import FINISHED_STATUSES, JobRun, JobStep
+from .storage import vendors
 
 
 @dataclass
@@ -98,12 +99,9 @@ def _prune_batch(roots: Any, runs: Any, batch: list[int], result: Pruned, dry_ru
 def _delete(table: str, column: str, ids: list[int]) -> int:
     """One ``DELETE`` without loading rows (Django's delete() would collect them first).
 
-    The foreign keys between the runs being deleted are checked at commit
-    (Django creates them deferrable), when the whole family is gone.
+    The foreign keys between the runs being deleted are checked at commit where
+    the database can defer them (PostgreSQL), else row by row in an order that
+    removes children first (the vendor's ``delete``).
     """
     connection = connections[conf.get().DATABASE]
-    quote = connection.ops.quote_name
-    placeholders = ", ".join(["%s"] * len(ids))
-    with connection.cursor() as cursor:
-        cursor.execute(f"DELETE FROM {quote(table)} WHERE {quote(column)} IN ({placeholders})", ids)
-        return int(cursor.rowcount)
+    return vendors.of(connection).delete(connection, table, column, ids)

@@ -228,7 +228,7 @@ def _workers(pools: list[str] | None) -> list[WorkerState]:
         .annotate(heartbeat_age=_since(F("heartbeat_at")))
     )
     states = []
-    for worker in live.order_by("hostname", "pid"):
+    for worker in live.order_by("hostname", "pid", "started_at"):
         if pools is not None and worker.pools and not set(worker.pools) & set(pools):
             continue
         age = max(worker.heartbeat_age, timedelta(0))

@@ -464,7 +464,7 @@ def rescue_stale(
     workers.mark_lost(stale_after)
     with transaction.atomic(using=_using()):
         rows = list(
-            stale.select_for_update(skip_locked=True, of=("self",)).values(
+            stale.select_for_update(skip_locked=True).values(
                 "id", "job_type", "attempts", "max_attempts", "parent_id", "lease_token", "pool"
             )[:limit]
         )

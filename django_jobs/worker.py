@@ -28,7 +28,7 @@ from .completer import Completer
 from .execution import Outcome, canceled, execute, log_outcome, record, record_handed_off, timed_out
 from .models import WorkerStatus
 from .scheduler import Scheduler
-from .storage import leases, workers
+from .storage import leases, vendors, workers
 from .storage.claiming import Claim, claim_batch
 from .storage.connections import discard_broken_connections
 from .storage.control import ControlConnection
@@ -71,7 +71,15 @@ class JobWorker:
         self.watchman = watchman
         self._watchman: Watchman | None = None
         settings = conf.get()
-        self.poll_interval = settings.POLL_INTERVAL if poll_interval is None else poll_interval
+        if poll_interval is None:
+            # Unset, the interval suits the database: longer where NOTIFY wakes idle workers.
+            given = conf.is_given("POLL_INTERVAL")
+            poll_interval = (
+                settings.POLL_INTERVAL
+                if given
+                else vendors.of_alias(settings.DATABASE).poll_interval
+            )
+        self.poll_interval = poll_interval
         self.heartbeat_interval = settings.HEARTBEAT_INTERVAL
         self.stale_threshold = settings.STALE_THRESHOLD
         self.shutdown_timeout = settings.SHUTDOWN_TIMEOUT

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission, User
-from django.db import connection, connections
+from django.db import DatabaseError, connection, connections
 from django.test import Client
 
 from django_jobs.models import JobRun
@@ -69,6 +69,31 @@ def worker_env(**overrides: str) -> dict[str, str]:
     return env
 
 
+def on_server(sql: str) -> None:
+    """Run ``sql`` (CREATE or DROP DATABASE) on the suite's server, outside any transaction."""
+    from urllib.parse import unquote, urlsplit
+
+    url = urlsplit(os.environ["DATABASE_URL"])  # tests/settings.py exports it
+    if url.scheme.startswith(("mysql", "mariadb")):
+        import MySQLdb
+
+        server = MySQLdb.connect(
+            host=url.hostname or "127.0.0.1",
+            port=url.port or 3306,
+            user=unquote(url.username or "root"),
+            password=unquote(url.password or ""),
+        )
+        try:
+            server.cursor().execute(sql.replace('"', "`").replace(" WITH (FORCE)", ""))
+        finally:
+            server.close()
+        return
+    import psycopg
+
+    with psycopg.connect(url.geturl(), autocommit=True) as server:
+        server.execute(sql)
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float = 30, interval: float = 0.05) -> None:
     """Poll ``predicate`` until it is true; fail the test after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
@@ -81,9 +106,40 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 30, interval: flo
 def lock_waiters() -> int:
     """How many sessions of the test database wait on a lock right now."""
     with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            # The sessions in the middle of a statement: InnoDB reports a lock wait
+            # (innodb_trx) only some seconds after it began.
+            cursor.execute(
+                "SELECT count(*) FROM information_schema.processlist "
+                "WHERE db = DATABASE() AND command = 'Query' AND id <> CONNECTION_ID()"
+            )
+        else:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+        return int(cursor.fetchone()[0])
+
+
+def terminate_other_connections() -> int:
+    """End every session of the test database but this one; return how many."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            cursor.execute(
+                "SELECT id FROM information_schema.processlist "
+                "WHERE db = DATABASE() AND id <> CONNECTION_ID()"
+            )
+            ended = 0
+            for (session,) in cursor.fetchall():
+                try:
+                    cursor.execute(f"KILL CONNECTION {int(session)}")
+                    ended += 1
+                except DatabaseError:
+                    pass  # it ended meanwhile
+            return ended
         cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
         )
         return int(cursor.fetchone()[0])
 

@@ -39,7 +39,7 @@ _db["TEST"] = {"NAME": os.environ.get("DJANGO_JOBS_TEST_DB", f"test_django_jobs_
 if os.environ.get("DJANGO_JOBS_USE_DB"):
     _db["NAME"] = os.environ["DJANGO_JOBS_USE_DB"]
 # A name for this process's sessions in pg_stat_activity (the connection count test).
-if os.environ.get("DJANGO_JOBS_APPLICATION_NAME"):
+if os.environ.get("DJANGO_JOBS_APPLICATION_NAME") and "postgresql" in _db["ENGINE"]:
     _db.setdefault("OPTIONS", {})["application_name"] = os.environ["DJANGO_JOBS_APPLICATION_NAME"]
 DATABASES = {
     "default": _db,

@@ -135,7 +135,7 @@ def claim_batch(
         claims = _claim_in_one_statement(worker_id, pools, limit, plan)
         if claims is not None:
             return claims
-        return claim_two_statements(worker_id, candidates(pools), limit)
+        return claim_two_statements(worker_id, candidates(pools, locked=False), limit)
     except IntegrityError:
         # The unique index refused a second running run of one key: a claim that
         # took the key committed after this statement's snapshot was taken (or
@@ -143,14 +143,15 @@ def claim_batch(
         # way, whose second statement sees that commit.
         logger.debug("claim refused by an integrity constraint; claiming again", exc_info=True)
         try:
-            return claim_two_statements(worker_id, candidates(pools), limit)
+            return claim_two_statements(worker_id, candidates(pools, locked=False), limit)
         except IntegrityError:
             logger.warning("claim refused by an integrity constraint; retrying", exc_info=True)
             return []
 
 
-def candidates(pools: Sequence[str] | None) -> Any:
-    """Due runs of ``pools`` that may be claimed now, in claim order, locked as read."""
+def candidates(pools: Sequence[str] | None, *, locked: bool = True) -> Any:
+    """Due runs of ``pools`` that may be claimed now, in claim order, locked as read
+    (unless not ``locked``)."""
     due = runs().due(pools)
     # Runs of a paused pool stay pending. The subquery is part of the statement,
     # so a pause takes effect at every worker's next claim, with no cache to expire.
@@ -166,7 +167,8 @@ def candidates(pools: Sequence[str] | None) -> Any:
     # instead of waited for, so claimers never queue behind each other and
     # never both get one row. The filter and order match the partial index
     # django_jobs_run_claim, so the cost does not grow with finished history.
-    return due.order_by("-priority", "run_at").select_for_update(skip_locked=True)
+    due = due.order_by("-priority", "run_at")
+    return due.select_for_update(skip_locked=True) if locked else due
 
 
 def _claim_in_one_statement(
@@ -213,28 +215,69 @@ def _claim_in_one_statement(
     return claims
 
 
+# How many times a claim reads again when every run it picked was taken by
+# another claim meanwhile (whose transaction lasts milliseconds).
+_REREADS = 3
+
+
 def claim_two_statements(worker_id: uuid.UUID, picked: Any, limit: int) -> list[Claim]:
-    """The two-statement claim (databases without a one-statement claim, and after a
-    key conflict)."""
+    """The claim in separate statements (databases without a one-statement claim,
+    and after a key conflict): the ids of up to ``limit`` runs ``picked`` selects,
+    then those rows locked by id, skipping locked ones, then the ``UPDATE``.
+
+    The rows are locked by id, not by the ordered, filtered ``picked`` itself:
+    InnoDB locks every row such a statement reads, so a sort or a subquery there
+    would lock rows the claim does not take. A run another claim took between
+    the two reads is skipped (locked) or no longer pending; when that was every
+    run picked, the claim reads again, and then sees that claim's commit.
+    """
     token = uuid.uuid4()
-    with transaction.atomic(using=using()):
-        rows = list(picked.values(*CLAIM_FIELDS)[:limit])
-        rows = one_per_key(rows)
-        if not rows:
+    connection = connections[using()]
+    try:
+        for _ in range(_REREADS):
+            with transaction.atomic(using=using()):
+                ids = list(picked.values_list("id", flat=True)[:limit])
+                if not ids:
+                    return []
+                rows = _locked(ids)
+                if not rows:
+                    continue
+                rows = one_per_key(rows)
+                if not rows:
+                    return []
+                # The rows stay locked by this transaction until commit, so this
+                # UPDATE cannot race another claimer; the status condition is belt
+                # and braces.
+                runs().filter(pk__in=[row["id"] for row in rows], status=Status.PENDING).update(
+                    status=Status.RUNNING,
+                    attempts=F("attempts") + 1,
+                    claimed_by_id=worker_id,
+                    lease_token=token,
+                    started_at=Now(),
+                    worker_ids=WorkerIds(worker_id),
+                )
+                break
+        else:
             return []
-        # The rows stay locked by this transaction until commit, so this UPDATE
-        # cannot race another claimer; the status condition is belt and braces.
-        runs().filter(pk__in=[row["id"] for row in rows], status=Status.PENDING).update(
-            status=Status.RUNNING,
-            attempts=F("attempts") + 1,
-            claimed_by_id=worker_id,
-            lease_token=token,
-            started_at=Now(),
-            worker_ids=WorkerIds(worker_id),
-        )
+    finally:
+        vendors.of(connection).unlock_keys(connection)
     for row in rows:
         row["attempts"] += 1
     return [Claim.from_row(row, token) for row in rows]
+
+
+def _locked(ids: list[int]) -> list[dict[str, Any]]:
+    """The rows of ``ids`` still pending, locked, in the order of ``ids``; the rows
+    other transactions hold are skipped."""
+    locked = (
+        runs()
+        .filter(pk__in=ids, status=Status.PENDING)
+        .order_by()
+        .select_for_update(skip_locked=True)
+        .values(*CLAIM_FIELDS)
+    )
+    order = {run_id: n for n, run_id in enumerate(ids)}
+    return sorted(locked, key=lambda row: order[row["id"]])
 
 
 def one_per_key(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -243,8 +286,8 @@ def one_per_key(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     Two claims inserting several keys into the unique index at once could wait
     on each other's uncommitted keys in a cycle (a deadlock). So the vendor says
     which keys this claim may take without waiting (PostgreSQL: the keys whose
-    transaction-scoped advisory lock was free; elsewhere: one key per claim,
-    which cannot form a cycle).
+    transaction-scoped advisory lock was free; MySQL and MariaDB: whose named
+    lock was free; elsewhere: one key per claim, which cannot form a cycle).
     """
     first: dict[str, dict[str, Any]] = {}
     for row in rows:

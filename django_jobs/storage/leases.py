@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from django.db import connections
+from django.db import connections, transaction
 from django.db.models import F, Func, JSONField, Q
 from django.db.models.functions import Now
 
@@ -83,7 +83,11 @@ def complete_many(items: list[tuple[Claim, Any]]) -> set[tuple[int, uuid.UUID]]:
     )
     if written is not None:
         return written
-    return {(claim.run_id, claim.lease_token) for claim, output in items if complete(claim, output)}
+    # A statement per run, all committed at once: one commit, not one per run.
+    with transaction.atomic(using=using()):
+        return {
+            (claim.run_id, claim.lease_token) for claim, output in items if complete(claim, output)
+        }
 
 
 def end(claim: Claim, status: str, error: dict[str, Any] | None, **extra: Any) -> bool:

@@ -84,7 +84,9 @@ def mark_lost(stale_after: float) -> int:
 
 def stale_runs(pools: Sequence[str] | None, stale_after: float) -> Any:
     """Running runs (of ``pools``) whose worker is gone or silent for ``stale_after`` seconds."""
-    cutoff = _silent_since(stale_after)
-    stale = Q(claimed_by__isnull=True) | Q(claimed_by__heartbeat_at__lt=cutoff)
+    # The silent workers as a subquery, not a join: locking these runs must not
+    # lock Worker rows too (where a lock cannot name its table: MariaDB).
+    silent = Worker.objects.using(using()).filter(heartbeat_at__lt=_silent_since(stale_after))
+    stale = Q(claimed_by__isnull=True) | Q(claimed_by__in=silent.values("pk"))
     found = runs().filter(stale, status=Status.RUNNING)
     return found if pools is None else found.filter(pool__in=pools)

@@ -19,6 +19,7 @@ from tests.helpers import wait_until
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+@pytest.mark.postgresql("prepared statements")
 def test_the_claim_is_planned_once_per_connection() -> None:
     start_many("tests.noop", [{} for _ in range(12)])
     worker = WorkerFactory().pk

@@ -109,6 +109,7 @@ def test_claim_counts_the_attempt_and_takes_a_lease() -> None:
     assert run.started_at is not None
 
 
+@pytest.mark.postgresql("partial indexes (MySQL and MariaDB: test_mysql.py)")
 def test_claim_is_served_by_the_partial_index() -> None:
     start_many("tests.noop", [{} for _ in range(2000)])
     with connections["default"].cursor() as cursor:

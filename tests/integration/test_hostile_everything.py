@@ -87,16 +87,19 @@ def hostile() -> JobRun:
     small_failure = error_record(HandlerFailure(EVIL * 10), 1, retryable=False)
     big_output = normalize({"out": EVIL * 200}, what="step")
     JobStep.objects.bulk_create(
-        JobStep(
-            run_id=run.pk,
-            step_id=f"{EVIL}{n}"[:255],
-            seq=n,
-            status="completed" if n % 2 else "failed",
-            output=big_output if n % 2 else None,
-            # The largest a step error can be, now and then; a short one otherwise.
-            error=None if n % 2 else (failure if n % 1000 == 0 else small_failure),
-        )
-        for n in range(20_000)
+        (
+            JobStep(
+                run_id=run.pk,
+                step_id=f"{EVIL}{n}"[:255],
+                seq=n,
+                status="completed" if n % 2 else "failed",
+                output=big_output if n % 2 else None,
+                # The largest a step error can be, now and then; a short one otherwise.
+                error=None if n % 2 else (failure if n % 1000 == 0 else small_failure),
+            )
+            for n in range(20_000)
+        ),
+        batch_size=500,  # within MariaDB's largest statement (max_allowed_packet)
     )
     Worker.objects.create(hostname=EVIL, pid=1, pools=["default"] * 100, concurrency=4)
     JobPool.objects.create(name="default", paused_at=timezone.now(), pause_reason=EVIL)

@@ -206,6 +206,7 @@ def test_start_many_refuses_a_bad_key_or_option_before_writing() -> None:
     assert not JobRun.objects.exists()
 
 
+@pytest.mark.postgresql("the one-statement insert of start_many")
 def test_start_many_builds_runs_through_init_when_init_signals_listen() -> None:
     from django.db.models.signals import post_init
 
@@ -220,3 +221,12 @@ def test_start_many_builds_runs_through_init_when_init_signals_listen() -> None:
     finally:
         post_init.disconnect(listen, sender=JobRun)
     assert seen[-2:] == [run.pk for run in runs]
+
+
+def test_start_many_stores_more_input_than_one_statement_may_carry() -> None:
+    # 20 inputs of nearly 1 MiB: more than MariaDB's largest statement (16 MiB).
+    inputs = [{"blob": f"{n:02}" + "x" * 1_000_000} for n in range(20)]
+    runs = start_many("tests.noop", inputs)
+    assert len({run.pk for run in runs}) == 20
+    stored = JobRun.objects.filter(pk__in=[run.pk for run in runs]).order_by("pk")
+    assert [run.input["blob"][:2] for run in stored] == [f"{n:02}" for n in range(20)]

@@ -31,6 +31,7 @@ def payloads(conn: psycopg.Connection[Any]) -> list[str]:
     return [note.payload for note in conn.notifies(timeout=0.5)]
 
 
+@pytest.mark.postgresql("LISTEN/NOTIFY")
 def test_an_insert_notifies_its_pools_at_commit_only() -> None:
     with listening() as conn:
         with transaction.atomic():
@@ -42,6 +43,7 @@ def test_an_insert_notifies_its_pools_at_commit_only() -> None:
         assert payloads(conn) == ["default"]  # once per statement and pool
 
 
+@pytest.mark.postgresql("LISTEN/NOTIFY")
 def test_a_rolled_back_or_future_run_sends_nothing() -> None:
     from datetime import timedelta
 
@@ -64,6 +66,7 @@ def control() -> Iterator[ControlConnection]:
     shared.release()
 
 
+@pytest.mark.postgresql("LISTEN/NOTIFY")
 def test_the_listener_wakes_the_worker_for_its_pools(control: ControlConnection) -> None:
     woken = threading.Event()
     stop = threading.Event()
@@ -81,6 +84,7 @@ def test_the_listener_wakes_the_worker_for_its_pools(control: ControlConnection)
         listener.join(5)
 
 
+@pytest.mark.postgresql("LISTEN/NOTIFY")
 def test_a_listener_whose_connection_is_killed_reconnects(control: ControlConnection) -> None:
     woken = threading.Event()
     stop = threading.Event()
@@ -104,6 +108,7 @@ def test_a_listener_whose_connection_is_killed_reconnects(control: ControlConnec
         listener.join(5)
 
 
+@pytest.mark.postgresql("LISTEN/NOTIFY")
 def test_a_worker_with_a_long_poll_interval_is_woken_by_notify(settings: Any) -> None:
     from django_jobs.worker import JobWorker
 
@@ -137,6 +142,7 @@ def test_with_listen_notify_off_the_worker_polls(settings: Any) -> None:
         thread.join(30)
 
 
+@pytest.mark.postgresql("LISTEN/NOTIFY")
 def test_a_notification_lost_while_the_listener_is_down_is_covered_by_polling(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -18,8 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-import psycopg
 import pytest
+
+from tests.helpers import on_server
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -59,14 +60,11 @@ def scratch_database() -> Iterator[str]:
     """A fresh database on the suite's server; its URL, dropped at the end."""
     url = urlsplit(os.environ["DATABASE_URL"])  # tests/settings.py exports it
     name = f"wheel_demo_{uuid.uuid4().hex[:12]}"
-    admin = urlunsplit(url)
-    with psycopg.connect(admin, autocommit=True) as connection:
-        connection.execute(f'CREATE DATABASE "{name}"')
+    on_server(f'CREATE DATABASE "{name}"')
     try:
         yield urlunsplit(url._replace(path=f"/{name}"))
     finally:
-        with psycopg.connect(admin, autocommit=True) as connection:
-            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        on_server(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def test_the_distributions_hold_the_package_and_the_license(dists: dict[str, Path]) -> None:
@@ -95,9 +93,12 @@ def test_the_demo_runs_from_the_installed_wheel(
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", str(venv)], cwd=tmp_path, timeout=120)
     python = str(venv / "bin" / "python")
-    requirement = f"{PROJECT['name']}[postgres] @ {dists['wheel'].as_uri()}"
+    mysql = scratch_database.startswith(("mysql", "mariadb"))
+    extra = "mysql" if mysql else "postgres"
+    requirement = f"{PROJECT['name']}[{extra}] @ {dists['wheel'].as_uri()}"
+    driver = [] if mysql else ["psycopg[binary]"]
     run(
-        [python, "-m", "pip", "install", "-q", requirement, "psycopg[binary]", "django-environ"],
+        [python, "-m", "pip", "install", "-q", requirement, *driver, "django-environ"],
         cwd=tmp_path,
         timeout=600,
     )

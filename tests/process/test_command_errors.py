@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Iterator
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
-import psycopg
 import pytest
 
 from django_jobs.models import JobRun, Worker
-from tests.helpers import ROOT, WorkerProcess, worker_env
+from tests.helpers import ROOT, WorkerProcess, on_server, worker_env
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.process]
 
@@ -57,15 +55,12 @@ def nothing_listens() -> str:
 @pytest.fixture
 def empty_database() -> Iterator[str]:
     """A database on the suite's server without the django_jobs tables."""
-    url = urlsplit(os.environ["DATABASE_URL"])
     name = f"unmigrated_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(urlunsplit(url), autocommit=True) as connection:
-        connection.execute(f'CREATE DATABASE "{name}"')
+    on_server(f'CREATE DATABASE "{name}"')
     try:
         yield name
     finally:
-        with psycopg.connect(urlunsplit(url), autocommit=True) as connection:
-            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        on_server(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=" ".join)

@@ -17,7 +17,11 @@ from django_jobs import cancel, start
 from django_jobs.models import JobRun, JobStep, Status, Worker
 from tests.helpers import WorkerProcess, wait_until
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.process]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.process,
+    pytest.mark.postgresql("Django's connection pool serves PostgreSQL only"),
+]
 
 StartWorker = Callable[..., WorkerProcess]
 POOL = {"DJANGO_SETTINGS_MODULE": "tests.process.pool_settings", "DJANGO_JOBS_CANCEL_GRACE": "1"}

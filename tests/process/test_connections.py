@@ -27,8 +27,18 @@ StartWorker = Callable[..., WorkerProcess]
 
 
 def sessions(name: str) -> int:
+    """The worker's sessions: those named ``name`` (PostgreSQL), or every session of
+    the test database but the test's own (MySQL and MariaDB name no session)."""
     with connections["default"].cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [name])
+        if connections["default"].vendor == "mysql":
+            cursor.execute(
+                "SELECT count(*) FROM information_schema.processlist "
+                "WHERE db = DATABASE() AND id <> CONNECTION_ID()"
+            )
+        else:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [name]
+            )
         return int(cursor.fetchone()[0])
 
 
@@ -73,7 +83,12 @@ def test_a_worker_holds_its_concurrency_plus_two_connections(
         status__in=[Status.PENDING, Status.RUNNING, Status.WAITING]
     ).exclude(job_type="tests.record")  # the schedule's runs come every minute
     try:
-        wait_until(lambda: JobRun.objects.filter(pk=doomed.pk, status=Status.RUNNING).exists(), 60)
+        try:
+            wait_until(
+                lambda: JobRun.objects.filter(pk=doomed.pk, status=Status.RUNNING).exists(), 60
+            )
+        except BaseException:
+            pytest.fail(f"the run to cancel never ran\n{worker.output()[-4000:]}")
         cancel(doomed.pk)
         try:
             wait_until(lambda: not unfinished.exists(), timeout=120)

@@ -12,11 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from django.db import connection
 
 from django_jobs import start
 from django_jobs.models import JobRun, Status
-from tests.helpers import ROOT, WorkerProcess, wait_until, worker_env
+from tests.helpers import ROOT, WorkerProcess, terminate_other_connections, wait_until, worker_env
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.process]
 
@@ -114,11 +113,7 @@ def test_jobstatus_watch_reconnects_after_its_connection_is_killed(tmp_path: Pat
     )
     try:
         wait_until(lambda: len((tmp_path / "out").read_text().splitlines()) >= 2)
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )
+        terminate_other_connections()
         wait_until(lambda: "cannot read the queue" in (tmp_path / "err").read_text())
         seen = len((tmp_path / "out").read_text().splitlines())
         wait_until(lambda: len((tmp_path / "out").read_text().splitlines()) >= seen + 2)

@@ -23,7 +23,11 @@ from django_jobs import cancel, start
 from django_jobs.models import JobRun, JobStep, Status
 from tests.helpers import WorkerProcess, wait_until
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.process]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.process,
+    pytest.mark.postgresql("PgBouncer"),
+]
 
 StartWorker = Callable[..., WorkerProcess]
 PGBOUNCER = shutil.which("pgbouncer") or (

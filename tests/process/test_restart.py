@@ -25,7 +25,11 @@ from tests.process.faults import (
     assert_every_run_completed_once,
 )
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.process]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.process,
+    pytest.mark.postgresql("restarts the PostgreSQL server"),
+]
 
 RUNS = 150
 

@@ -117,7 +117,8 @@ def test_sqlite_gets_a_single_process_warning() -> None:
     assert ids(check_database("sqlite")) == ["django_jobs.W001"]
 
 
-def test_postgresql_supports_skip_locked() -> None:
+@pytest.mark.django_db
+def test_the_suites_database_is_served() -> None:
     assert check_database("default") == []
 
 
@@ -127,23 +128,73 @@ def test_database_check_runs_only_for_the_jobs_alias(settings: Any) -> None:
     assert ids(check_databases(databases=["sqlite"])) == ["django_jobs.W001"]
 
 
-def _connection(vendor: str, display_name: str) -> Any:
+def _connection(vendor: str, display_name: str, **more: Any) -> Any:
     from types import SimpleNamespace
 
-    return SimpleNamespace(vendor=vendor, display_name=display_name)
+    return SimpleNamespace(vendor=vendor, display_name=display_name, **more)
+
+
+class _Clock:
+    """A cursor whose session clock is ``offset`` seconds from UTC."""
+
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+
+    def __enter__(self) -> _Clock:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+    def execute(self, sql: str, params: Any = None) -> None:
+        assert "UTC_TIMESTAMP" in sql
+
+    def fetchone(self) -> tuple[int]:
+        return (self.offset,)
+
+
+def _mysql(mariadb: bool, version: tuple[int, ...], engine: str = "InnoDB", offset: int = 0) -> Any:
+    from types import SimpleNamespace
+
+    return _connection(
+        "mysql",
+        "MariaDB" if mariadb else "MySQL",
+        mysql_is_mariadb=mariadb,
+        mysql_version=version,
+        features=SimpleNamespace(_mysql_storage_engine=engine),
+        cursor=lambda: _Clock(offset),
+    )
+
+
+def test_a_database_django_jobs_does_not_run_on_is_refused() -> None:
+    [message] = database_messages(_connection("oracle", "Oracle"), "jobs")
+    assert message.id == "django_jobs.E005"
+    assert message.is_serious()
+    assert "does not run on Oracle" in message.msg
+    assert "MariaDB 10.6" in str(message.hint)
 
 
 @pytest.mark.parametrize(
-    ("vendor", "name"), [("mysql", "MariaDB"), ("mysql", "MySQL"), ("oracle", "Oracle")]
+    ("connection", "reason"),
+    [
+        (_mysql(True, (10, 5, 24)), "MariaDB 10.5.24 is too old"),
+        (_mysql(False, (5, 7, 44)), "MySQL 5.7.44 is too old"),
+        (_mysql(False, (8, 0, 16)), "needs MySQL 8.0.17 or later"),
+        (_mysql(True, (10, 11, 9), engine="MyISAM"), "MyISAM, which has no row locks"),
+        (_mysql(False, (8, 4, 3), offset=3600), "time zone is not UTC"),
+    ],
 )
-def test_a_database_django_jobs_does_not_run_on_is_refused(vendor: str, name: str) -> None:
-    # MariaDB and MySQL have SKIP LOCKED, yet a worker there would fail every
-    # claim and migrate would drop the partial unique indexes: refused at once.
-    [message] = database_messages(_connection(vendor, name), "jobs")
+def test_mysql_and_mariadb_without_what_django_jobs_needs_are_refused(
+    connection: Any, reason: str
+) -> None:
+    [message] = database_messages(connection, "jobs")
     assert message.id == "django_jobs.E005"
-    assert message.is_serious()
-    assert f"does not run on {name}" in message.msg
-    assert "PostgreSQL" in str(message.hint)
+    assert reason in message.msg
+
+
+def test_mariadb_10_6_and_mysql_8_are_served() -> None:
+    assert database_messages(_mysql(True, (10, 6, 0)), "jobs") == []
+    assert database_messages(_mysql(False, (8, 0, 17)), "jobs") == []
 
 
 def test_postgresql_and_sqlite_are_served() -> None:

@@ -72,7 +72,8 @@ class Command(JobsCommand):
             type=positive_float,
             default=None,
             metavar="S",
-            help="seconds between claims when idle (default: POLL_INTERVAL setting)",
+            help="seconds between claims when idle (default: the POLL_INTERVAL setting, else "
+            "1 on PostgreSQL, where NOTIFY wakes idle workers, and 0.2 elsewhere)",
         )
         parser.add_argument(
             "--start-timeout",

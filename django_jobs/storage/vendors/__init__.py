@@ -2,7 +2,8 @@
 
 Everything else in ``storage`` is written once, with the ORM or portable SQL.
 What a database does its own way is a method of ``Vendor`` (``base.py``, where the
-portable forms live); ``postgresql.py`` and ``sqlite.py`` override what they do
+portable forms live); ``postgresql.py``, ``mysql.py`` (MySQL and MariaDB) and
+``sqlite.py`` override what they do
 differently. A new database is one more module here and one more line in
 ``_VENDORS``; outside this package, only the system checks and the first
 migration ask which database they are talking to.
@@ -14,10 +15,15 @@ from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .base import Vendor
+from .mysql import MySQL
 from .postgresql import PostgreSQL
 from .sqlite import SQLite
 
-_VENDORS: dict[str, Vendor] = {"postgresql": PostgreSQL(), "sqlite": SQLite()}
+_VENDORS: dict[str, Vendor] = {
+    "postgresql": PostgreSQL(),
+    "mysql": MySQL(),  # and MariaDB
+    "sqlite": SQLite(),
+}
 _PORTABLE = Vendor()
 
 

@@ -23,6 +23,9 @@ class Vendor:
 
     # Whether idle workers can be woken by the database (LISTEN/NOTIFY) instead of polling.
     listens = False
+    # Seconds between an idle worker's claims when POLL_INTERVAL is not set: short
+    # where nothing wakes idle workers.
+    poll_interval = 0.2
     # What to do about ``limit()``.
     limit_hint = ""
 
@@ -33,8 +36,8 @@ class Vendor:
         not say how its rows are locked, nor how a run's attempts are recorded.
         """
         return (
-            f"django_jobs does not run on {connection.display_name} yet; it runs on "
-            "PostgreSQL, and on SQLite with one worker process"
+            f"django_jobs does not run on {connection.display_name}; it runs on "
+            "PostgreSQL, MariaDB 10.6+, MySQL 8.0.17+, and SQLite with one worker process"
         )
 
     def limit(self, connection: BaseDatabaseWrapper) -> str | None:
@@ -70,11 +73,15 @@ class Vendor:
         one here, which no two claims can wait on in a cycle."""
         return set(keys[:1])
 
+    def unlock_keys(self, connection: BaseDatabaseWrapper) -> None:
+        """Give back the keys ``lock_keys`` took, once the claim's transaction has ended
+        (where they outlive it)."""
+
     def worker_ids(
         self, column: str, params: list[Any], worker_id: str | None
     ) -> tuple[str, list[Any]]:
         """SQL of the JSON array ``column`` with ``worker_id`` appended (None: its last removed)."""
-        raise NotSupportedError("django_jobs records attempts on PostgreSQL and SQLite only")
+        raise NotSupportedError("django_jobs records attempts only on the databases it serves")
 
     def complete_many(
         self,
@@ -91,7 +98,7 @@ class Vendor:
         self, connection: BaseDatabaseWrapper, params: dict[str, Any], *, completed: bool
     ) -> bool:
         """Insert or update a step's row while its run's lease holds, in one statement."""
-        raise NotSupportedError("django_jobs records steps on PostgreSQL and SQLite only")
+        raise NotSupportedError("django_jobs records steps only on the databases it serves")
 
     def insert_runs(
         self,
@@ -103,6 +110,19 @@ class Vendor:
     ) -> list[JobRun] | None:
         """Insert runs that differ only in input and key in one statement. None: no such form."""
         return None
+
+    def delete(
+        self, connection: BaseDatabaseWrapper, table: str, column: str, ids: list[Any]
+    ) -> int:
+        """Delete the rows of ``table`` whose ``column`` is in ``ids``, in one statement,
+        without loading them; return how many."""
+        quote = connection.ops.quote_name
+        placeholders = ", ".join(["%s"] * len(ids))
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"DELETE FROM {quote(table)} WHERE {quote(column)} IN ({placeholders})", ids
+            )
+            return int(cursor.rowcount)
 
     def bound_lock_waits(self, connection: BaseDatabaseWrapper, seconds: float) -> None:
         """Make row locks on ``connection`` be waited for at most ``seconds`` (where the

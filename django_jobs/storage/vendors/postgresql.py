@@ -41,6 +41,8 @@ ADVISORY_NAMESPACE = 0x6A6F6273
 
 class PostgreSQL(Vendor):
     listens = True
+    # NOTIFY wakes idle workers; the poll is the fallback (a pooler without LISTEN).
+    poll_interval = 1.0
 
     def unserved(self, connection: BaseDatabaseWrapper) -> str | None:
         return None

@@ -1,0 +1,119 @@
+"""MySQL and MariaDB: what migration 0002 builds there, and the vendor module's statements.
+
+These run where the suite's database is MySQL or MariaDB (``.ci/run`` runs the
+suite on the machine's MariaDB); elsewhere they skip.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from django_jobs import start
+from django_jobs.models import JobRun, JobStep, Status
+from django_jobs.retention import prune
+from django_jobs.storage import claiming, leases, steps
+from django_jobs.storage.vendors import mysql
+from tests.factories import JobRunFactory, WorkerFactory
+
+pytestmark = [
+    pytest.mark.skipif(connection.vendor != "mysql", reason="MySQL and MariaDB only"),
+    pytest.mark.django_db,
+]
+
+
+def test_two_running_runs_of_one_key_are_refused_by_the_database() -> None:
+    JobRunFactory(concurrency_key="acct:1", status=Status.RUNNING)
+    JobRunFactory(concurrency_key="acct:1", status=Status.PENDING)  # pending: no conflict
+    JobRunFactory(concurrency_key="ACCT:1", status=Status.RUNNING)  # another key
+    with pytest.raises(IntegrityError), transaction.atomic():
+        JobRunFactory(concurrency_key="acct:1", status=Status.RUNNING)
+
+
+def test_idempotency_keys_are_unique_per_job_type_and_tenant() -> None:
+    JobRunFactory(idempotency_key="k")
+    JobRunFactory(idempotency_key="k", job_type="tests.other")
+    JobRunFactory(idempotency_key="k", tenant_id="acme")
+    JobRunFactory(idempotency_key="K")  # keys compare byte for byte
+    for tenant in (None, "acme"):
+        with pytest.raises(IntegrityError), transaction.atomic():
+            JobRunFactory(idempotency_key="k", tenant_id=tenant)
+
+
+def test_start_with_a_key_returns_the_run_of_that_key_only() -> None:
+    first = start("tests.noop", {}, idempotency_key="Order-1")
+    assert start("tests.noop", {}, idempotency_key="Order-1").pk == first.pk
+    assert start("tests.noop", {}, idempotency_key="order-1").pk != first.pk
+
+
+def test_tenants_differing_in_case_or_trailing_space_are_apart() -> None:
+    JobRunFactory(tenant_id="acme")
+    assert not JobRun.objects.filter(tenant_id="ACME").exists()
+    assert not JobRun.objects.filter(tenant_id="acme ").exists()
+
+
+def _explain(query: Any) -> str:
+    return str(query.explain())
+
+
+def test_the_claim_reads_the_due_index() -> None:
+    JobRun.objects.bulk_create(
+        JobRun(job_type="tests.noop", pool="default", status=Status.COMPLETED) for _ in range(500)
+    )
+    JobRun.objects.bulk_create(JobRun(job_type="tests.noop", pool="default") for _ in range(20))
+    with transaction.atomic():
+        plan = _explain(claiming.candidates(["default"]).values("id")[:10])
+    assert "django_jobs_run_due" in plan
+
+
+def test_worker_ids_grow_and_shrink_with_the_attempts() -> None:
+    JobRunFactory()
+    worker = WorkerFactory()
+    (claim,) = claiming.claim_batch(worker.pk, None, 1)
+    run = JobRun.objects.get(pk=claim.run_id)
+    assert run.worker_ids == [str(worker.pk)]
+    assert leases.release(worker.pk, [claim]) == 1
+    assert JobRun.objects.get(pk=claim.run_id).worker_ids == []
+
+
+def test_a_step_is_recorded_only_under_its_lease_and_a_completed_one_is_kept() -> None:
+    JobRunFactory()
+    (claim,) = claiming.claim_batch(WorkerFactory().pk, None, 1)
+    assert steps.record(claim, "Charge", 0, error={"type": "X", "message": "no"})
+    assert steps.record(claim, "charge", 1, output={"id": 1})  # another step
+    assert steps.record(claim, "Charge", 0, output={"id": 2})
+    assert steps.record(claim, "Charge", 0, output={"id": 3})  # completed: kept
+    recorded = {s.step_id: s for s in JobStep.objects.filter(run_id=claim.run_id)}
+    assert (recorded["Charge"].status, recorded["Charge"].output) == ("completed", {"id": 2})
+    assert recorded["Charge"].attempts == 2
+    assert recorded["charge"].output == {"id": 1}
+    JobRun.objects.filter(pk=claim.run_id).update(status=Status.PENDING, lease_token=None)
+    assert not steps.record(claim, "late", 2, output=1)
+    assert not JobStep.objects.filter(step_id="late").exists()
+
+
+def test_prune_deletes_a_family_children_before_parents() -> None:
+    long_ago = timezone.now() - timedelta(days=30)
+    root = JobRunFactory(status=Status.COMPLETED, finished_at=long_ago)
+    child = JobRunFactory(status=Status.COMPLETED, finished_at=long_ago, parent=root, root=root)
+    JobRunFactory(
+        status=Status.COMPLETED, finished_at=long_ago, parent=child, root=root
+    )  # grandchild
+    result = prune(timedelta(days=7))
+    assert result.runs == 3
+    assert not JobRun.objects.exists()
+
+
+def test_named_key_locks_are_given_back_after_the_claim() -> None:
+    JobRunFactory(concurrency_key="a")
+    JobRunFactory(concurrency_key="b")
+    claims = claiming.claim_batch(WorkerFactory().pk, None, 10)
+    assert sorted(c.concurrency_key for c in claims) == ["a", "b"]
+    name = mysql._lock_name(connection, "a")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT IS_USED_LOCK(%s)", [name])
+        assert cursor.fetchone()[0] is None
