@@ -77,7 +77,8 @@ def check_database(alias: str) -> list[CheckMessage]:
 
 def database_messages(connection: Any, alias: str) -> list[CheckMessage]:
     """The messages about ``connection`` (of ``alias``) as the jobs database: an
-    error when django_jobs cannot run on it, a warning when it runs with a limit."""
+    error when django_jobs cannot run on it, warnings when it runs with a limit or
+    its OPTIONS lack an entry."""
     from .storage import vendors
 
     vendor = vendors.of(connection)
@@ -91,12 +92,23 @@ def database_messages(connection: Any, alias: str) -> list[CheckMessage]:
                 id="django_jobs.E005",
             )
         ]
+    messages: list[CheckMessage] = []
     limit = vendor.limit(connection)
     if limit is not None:
-        return [
+        messages.append(
             Warning(f"The jobs database {limit}", hint=vendor.limit_hint, id="django_jobs.W001")
-        ]
-    return []
+        )
+    missing = vendor.missing_options(connection)
+    if missing is not None:
+        problem, entry = missing
+        messages.append(
+            Warning(
+                f"The jobs database {alias!r} {problem}.",
+                hint=f"Add {entry} to DATABASES[{alias!r}] (docs/installation.md).",
+                id="django_jobs.W002",
+            )
+        )
+    return messages
 
 
 SCHEDULE_HINTS = {

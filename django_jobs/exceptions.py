@@ -77,6 +77,10 @@ class WorkerLost(JobsError):
     """
 
 
+class WorkerRefused(JobsError):
+    """A worker cannot start on this database: another worker process holds it (SQLite)."""
+
+
 class ExecutionError(JobsError):
     """django_jobs itself could not execute or record a run (stored, never raised)."""
 

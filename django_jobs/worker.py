@@ -21,6 +21,8 @@ from types import FrameType
 from typing import Any, TypeVar
 
 from django.db import DatabaseError, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.signals import connection_created
 
 from . import conf, transitions, watchman
 from .attempt import Attempt
@@ -112,7 +114,31 @@ class JobWorker:
     # --- lifecycle ----------------------------------------------------------------
 
     def run(self) -> int:
-        """Work until told to stop (or, in burst mode, until nothing is due)."""
+        """Work until told to stop (or, in burst mode, until nothing is due).
+
+        Raises ``WorkerRefused`` before anything starts when the database takes no
+        more workers (SQLite: another worker process holds it).
+        """
+        alias = conf.get().DATABASE
+        connection = connections[alias]
+        vendor = vendors.of(connection)
+        connection_created.connect(self._prepare)
+        try:
+            vendor.prepare(connection)  # connected before the signal was listened to
+            leave = vendor.enter_worker(connection)
+            try:
+                return self._work()
+            finally:
+                leave()
+        finally:
+            connection_created.disconnect(self._prepare)
+
+    def _prepare(self, sender: object, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
+        """Set up each connection this process opens to the jobs database."""
+        if connection.alias == conf.get().DATABASE:
+            vendors.of(connection).prepare(connection)
+
+    def _work(self) -> int:
         # This thread's connection, shared by the control threads (see storage/control.py).
         # Row locks are waited for briefly on it, so that the heartbeat never waits long.
         control = self._control = ControlConnection(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import django
 import environ
@@ -31,16 +32,33 @@ if django.VERSION < (6, 0):
 # @task functions (tests/testapp/tasks.py) run on django_jobs; any queue name is valid.
 TASKS = {"default": {"BACKEND": "django_jobs.tasks_backend.JobsBackend", "QUEUES": []}}
 
-_db = environ.Env.db_url_config(database_url())
-# One test database per pytest process, so two suites on one server never collide.
-_db["TEST"] = {"NAME": os.environ.get("DJANGO_JOBS_TEST_DB", f"test_django_jobs_{os.getpid()}")}
-# Worker subprocesses started by the process tests connect to the test database
-# the pytest process created; it tells them its name through this variable.
-if os.environ.get("DJANGO_JOBS_USE_DB"):
-    _db["NAME"] = os.environ["DJANGO_JOBS_USE_DB"]
-# A name for this process's sessions in pg_stat_activity (the connection count test).
-if os.environ.get("DJANGO_JOBS_APPLICATION_NAME") and "postgresql" in _db["ENGINE"]:
-    _db.setdefault("OPTIONS", {})["application_name"] = os.environ["DJANGO_JOBS_APPLICATION_NAME"]
+
+def sqlite_file(name: str, transaction_mode: str = "IMMEDIATE") -> dict[str, Any]:
+    """A SQLite file database, with the OPTIONS docs/installation.md asks for
+    (``transaction_mode=""``: Django's default, as a project that has not set it)."""
+    options = {"transaction_mode": transaction_mode} if transaction_mode else {}
+    return {"ENGINE": "django.db.backends.sqlite3", "NAME": name, "OPTIONS": options}
+
+
+if os.environ.get("DJANGO_JOBS_SQLITE"):
+    # Worker subprocesses of tests/process/test_sqlite_worker.py: the whole
+    # project on one SQLite file, as in development.
+    _db = sqlite_file(
+        os.environ["DJANGO_JOBS_SQLITE"], os.environ.get("DJANGO_JOBS_SQLITE_MODE", "IMMEDIATE")
+    )
+else:
+    _db = environ.Env.db_url_config(database_url())
+    # One test database per pytest process, so two suites on one server never collide.
+    _db["TEST"] = {"NAME": os.environ.get("DJANGO_JOBS_TEST_DB", f"test_django_jobs_{os.getpid()}")}
+    # Worker subprocesses started by the process tests connect to the test database
+    # the pytest process created; it tells them its name through this variable.
+    if os.environ.get("DJANGO_JOBS_USE_DB"):
+        _db["NAME"] = os.environ["DJANGO_JOBS_USE_DB"]
+    # A name for this process's sessions in pg_stat_activity (the connection count test).
+    if os.environ.get("DJANGO_JOBS_APPLICATION_NAME") and "postgresql" in _db["ENGINE"]:
+        _db.setdefault("OPTIONS", {})["application_name"] = os.environ[
+            "DJANGO_JOBS_APPLICATION_NAME"
+        ]
 DATABASES = {
     "default": _db,
     # Only for the system check that warns about SQLite; no test writes to it.

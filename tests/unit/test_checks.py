@@ -128,10 +128,15 @@ def test_database_check_runs_only_for_the_jobs_alias(settings: Any) -> None:
     assert ids(check_databases(databases=["sqlite"])) == ["django_jobs.W001"]
 
 
-def _connection(vendor: str, display_name: str, **more: Any) -> Any:
+def _connection(
+    vendor: str, display_name: str, name: str = ":memory:", *, more: Any = None, **options: Any
+) -> Any:
     from types import SimpleNamespace
 
-    return SimpleNamespace(vendor=vendor, display_name=display_name, **more)
+    settings = {"NAME": name, "OPTIONS": options}
+    return SimpleNamespace(
+        vendor=vendor, display_name=display_name, settings_dict=settings, **(more or {})
+    )
 
 
 class _Clock:
@@ -159,10 +164,12 @@ def _mysql(mariadb: bool, version: tuple[int, ...], engine: str = "InnoDB", offs
     return _connection(
         "mysql",
         "MariaDB" if mariadb else "MySQL",
-        mysql_is_mariadb=mariadb,
-        mysql_version=version,
-        features=SimpleNamespace(_mysql_storage_engine=engine),
-        cursor=lambda: _Clock(offset),
+        more={
+            "mysql_is_mariadb": mariadb,
+            "mysql_version": version,
+            "features": SimpleNamespace(_mysql_storage_engine=engine),
+            "cursor": lambda: _Clock(offset),
+        },
     )
 
 
@@ -200,3 +207,19 @@ def test_mariadb_10_6_and_mysql_8_are_served() -> None:
 def test_postgresql_and_sqlite_are_served() -> None:
     assert database_messages(_connection("postgresql", "PostgreSQL"), "default") == []
     assert ids(database_messages(_connection("sqlite", "SQLite"), "x")) == ["django_jobs.W001"]
+
+
+def test_a_sqlite_file_without_immediate_transactions_is_warned_of() -> None:
+    messages = database_messages(_connection("sqlite", "SQLite", "db.sqlite3"), "default")
+    assert ids(messages) == ["django_jobs.W001", "django_jobs.W002"]
+    assert "database is locked" in messages[1].msg
+    assert messages[1].hint == (
+        'Add "OPTIONS": {"transaction_mode": "IMMEDIATE"} to DATABASES[\'default\'] '
+        "(docs/installation.md)."
+    )
+
+
+@pytest.mark.parametrize("mode", ["IMMEDIATE", "immediate", "EXCLUSIVE"])
+def test_a_sqlite_file_taking_the_write_lock_at_begin_is_not_warned_of(mode: str) -> None:
+    connection = _connection("sqlite", "SQLite", "db.sqlite3", transaction_mode=mode)
+    assert ids(database_messages(connection, "default")) == ["django_jobs.W001"]

@@ -11,6 +11,7 @@ from django.core.management.base import CommandError, CommandParser
 
 from django_jobs import conf
 from django_jobs.checks import check_database, connection_limit, pool_size
+from django_jobs.exceptions import WorkerRefused
 from django_jobs.logstream import BurstHandler
 from django_jobs.management.arguments import (
     DEFAULT_CONCURRENCY,
@@ -133,6 +134,8 @@ class Command(JobsCommand):
         worker.install_signal_handlers()
         try:
             code = worker.run()
+        except WorkerRefused as exc:
+            raise CommandError(str(exc)) from None
         except RuntimeError as exc:
             if "can't start new thread" not in str(exc):
                 raise

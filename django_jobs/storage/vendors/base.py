@@ -44,6 +44,19 @@ class Vendor:
         """What django_jobs cannot do on this database that it does elsewhere, or None."""
         return None
 
+    def missing_options(self, connection: BaseDatabaseWrapper) -> tuple[str, str] | None:
+        """What goes wrong without an entry the database's ``OPTIONS`` lack, and the
+        entry to add; None when nothing is missing."""
+        return None
+
+    def enter_worker(self, connection: BaseDatabaseWrapper) -> Callable[[], None]:
+        """Make the database ready for a worker process at its start; return what the
+        worker calls at its end. Raise ``WorkerRefused`` when no worker may start."""
+        return _nothing
+
+    def prepare(self, connection: BaseDatabaseWrapper) -> None:
+        """Set up a worker's connection once it is connected (each new one, every reconnection)."""
+
     def fetch(
         self, connection: BaseDatabaseWrapper, sql: str, params: list[Any] | dict[str, Any]
     ) -> list[tuple[Any, ...]]:
@@ -138,6 +151,10 @@ class Vendor:
     def connection_limit(self, connection: BaseDatabaseWrapper) -> int | None:
         """How many connections the server accepts, or None where it is not known."""
         return None
+
+
+def _nothing() -> None:
+    pass
 
 
 def step_statement(*, completed: bool, json: str, started: str, now: str, lock: str) -> str:
