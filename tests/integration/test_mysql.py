@@ -130,3 +130,30 @@ def test_start_many_without_insert_returning_writes_a_row_at_a_time(
     assert all(run.pk is not None for run in runs)
     stored = {run.pk: run.concurrency_key for run in JobRun.objects.all()}
     assert stored == {runs[0].pk: "a", runs[1].pk: "b", runs[2].pk: None}
+
+
+def _indexes() -> set[str]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT DISTINCT index_name FROM information_schema.statistics "
+            "WHERE table_schema = DATABASE() AND table_name = 'django_jobs_jobrun'"
+        )
+        return {row[0] for row in cursor.fetchall()}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migration_0002_goes_back_and_forth() -> None:
+    from django.core.management import call_command
+
+    built = {"django_jobs_run_concurrency", "django_jobs_run_idempotency", "django_jobs_run_due"}
+    assert built <= _indexes()
+    try:
+        call_command("migrate", "django_jobs", "0001", verbosity=0)
+        assert not built & _indexes()
+        # Without 0002, nothing keeps two running runs of one key apart.
+        JobRunFactory(concurrency_key="k", status=Status.RUNNING)
+        JobRunFactory(concurrency_key="k", status=Status.RUNNING)
+        JobRun.objects.all().delete()
+    finally:
+        call_command("migrate", "django_jobs", verbosity=0)
+    assert built <= _indexes()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+from copy import copy
 from datetime import UTC, datetime
 from typing import Any
 
@@ -131,8 +132,6 @@ class MySQL(Vendor):
         # MySQL cannot say which ids one multi-row INSERT took (with interleaved
         # auto-increment locks they need not be consecutive): a row at a time,
         # in one transaction.
-        from copy import copy
-
         runs = []
         with transaction.atomic(using=connection.alias):
             for value, key in zip(data, keys, strict=True):
