@@ -8,6 +8,7 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import CommandError, CommandParser
+from django.db import DatabaseError
 
 from django_jobs import conf
 from django_jobs.checks import check_database, connection_limit, pool_size
@@ -111,11 +112,16 @@ class Command(JobsCommand):
         alias = conf.get().DATABASE
         # The command's own system checks ran already; the database ones are not
         # run by default, but a worker must not start on a database django_jobs
-        # does not run on. Checked before connecting: it is said first, and not
-        # hidden behind "the tables are missing".
-        problems = [m for m in check_database(alias) if m.is_serious()]
-        if problems:
-            raise CommandError("; ".join(f"{m.id}: {m.msg}" for m in problems))
+        # does not run on. Checked before the tables are: it is said first, and
+        # not hidden behind "the tables are missing". A check that must ask the
+        # server (MySQL's version) waits for it like the rest of the start.
+        try:
+            refused = _refusal(alias)
+        except DatabaseError:
+            wait_for_database(alias, options["start_timeout"])
+            refused = _refusal(alias)
+        if refused:
+            raise CommandError(refused)
         wait_for_database(alias, options["start_timeout"])
         slots = self._concurrency(options["concurrency"], alias)
         if options["metrics_port"] is not None:
@@ -211,3 +217,9 @@ def default_concurrency(alias: str, limit: int | None, size: int | None) -> int:
             limit,
         )
     return slots
+
+
+def _refusal(alias: str) -> str | None:
+    """Why the database checks refuse ``alias`` as the jobs database, or None."""
+    problems = [m for m in check_database(alias) if m.is_serious()]
+    return "; ".join(f"{m.id}: {m.msg}" for m in problems) or None
