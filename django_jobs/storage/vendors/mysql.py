@@ -34,8 +34,6 @@ MYSQL_OLDEST = (8, 0, 17)
 
 
 class MySQL(Vendor):
-    limit_hint = ""
-
     def unserved(self, connection: BaseDatabaseWrapper) -> str | None:
         mariadb = connection.mysql_is_mariadb  # type: ignore[attr-defined]
         version = tuple(connection.mysql_version)  # type: ignore[attr-defined]
