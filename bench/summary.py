@@ -1,0 +1,307 @@
+"""The table of a benchmark run: bench/run.py's summary of its raw records.
+
+    python3 bench/run.py --summarize bench/results/<UTC time>.jsonl
+
+Median (min-max) over rounds; ratios are taken within each round, then their median.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(BENCH)
+RESULTS = os.path.join(BENCH, "results")
+LABELS = {
+    "django_jobs": "django_jobs",
+    "pgqueuer": "PgQueuer",
+    "procrastinate": "Procrastinate",
+    "django_tasks_db": "django-tasks-db",
+}
+TIMES, DASH = "\N{MULTIPLICATION SIGN}", "\N{EN DASH}"
+
+
+def write_summary(records: list[dict[str, Any]], raw_path: str, quick: bool) -> str:
+    text = summarize(records, os.path.relpath(raw_path, REPO))
+    name = "summary-quick.md" if quick or "-quick" in raw_path else "summary.md"
+    with open(os.path.join(RESULTS, name), "w") as f:
+        f.write(text)
+    return text
+
+
+def summarize(records: list[dict[str, Any]], raw_name: str) -> str:
+    meta = next((r for r in records if r.get("system") == "meta"), {})
+    runs = [r for r in records if r.get("system") != "meta"]
+    ok = [r for r in runs if "error" not in r]
+
+    def values(system: str, case: str, key: str) -> list[float]:
+        return [
+            r[key]
+            for r in ok
+            if r["system"] == system and r["case"] == case and r.get(key) is not None
+        ]
+
+    def by_round(system: str, case: str, key: str) -> dict[int, float]:
+        return {
+            r["round"]: r[key]
+            for r in ok
+            if r["system"] == system and r["case"] == case and r.get(key) is not None
+        }
+
+    def ratio(a: tuple[str, str, str], b: tuple[str, str, str]) -> list[float]:
+        num, den = by_round(*a), by_round(*b)
+        return [num[k] / den[k] for k in sorted(num) if den.get(k)]
+
+    def pooled(system: str, pct: float) -> float | None:
+        samples = [x for r in ok if r["system"] == system for x in r.get("lat_ms", [])]
+        return percentile(samples, pct) if samples else None
+
+    dj = "django_jobs"
+    drain1 = ratio((dj, "drain1", "drain_per_s"), ("pgqueuer", "drain1", "drain_per_s"))
+    drain2 = ratio((dj, "drain2", "drain_per_s"), ("pgqueuer", "drain2", "drain_per_s"))
+    enqueue = ratio((dj, "drain1", "enqueue_per_s"), ("pgqueuer", "drain1", "enqueue_per_s"))
+    history = ratio((dj, "history", "drain_per_s"), (dj, "drain1", "drain_per_s"))
+    p50, p90 = pooled(dj, 50), pooled(dj, 90)
+    steps = values(dj, "steps", "drain_per_s")
+    rss = values(dj, "rss", "rss_growth_mb")
+
+    def med(vals: list[float]) -> float | None:
+        return statistics.median(vals) if vals else None
+
+    def check(value: float | None, ok_if: bool) -> str:
+        return "n/a" if value is None else ("yes" if ok_if else "**no**")
+
+    r1, r2 = med(drain1), med(drain2)
+    targets = [
+        (
+            "drain, 1 process (runs/s)",
+            mmm(values(dj, "drain1", "drain_per_s")),
+            mmm(values("pgqueuer", "drain1", "drain_per_s")),
+            mmm(drain1, ".2f", TIMES),
+            f"≥ 1.5{TIMES} PgQueuer (floor 1.0{TIMES})",
+            drain_verdict(r1),
+        ),
+        (
+            "drain, 2 processes (runs/s)",
+            mmm(values(dj, "drain2", "drain_per_s")),
+            mmm(values("pgqueuer", "drain2", "drain_per_s")),
+            mmm(drain2, ".2f", TIMES),
+            f"≥ 1.5{TIMES} PgQueuer (floor 1.0{TIMES})",
+            drain_verdict(r2),
+        ),
+        (
+            "bulk enqueue, 20k (runs/s)"
+            if meta.get("options", {}).get("n") == 20000
+            else "bulk enqueue (runs/s)",
+            mmm(values(dj, "drain1", "enqueue_per_s")),
+            mmm(values("pgqueuer", "drain1", "enqueue_per_s")),
+            mmm(enqueue, ".2f", TIMES),
+            f"≥ 1.0{TIMES} PgQueuer",
+            check(med(enqueue), (med(enqueue) or 0) >= 1.0),
+        ),
+        (
+            "idle latency p50 (ms, pooled)",
+            fmt(p50, ".1f"),
+            fmt(pooled("pgqueuer", 50), ".1f"),
+            "",
+            "≤ 5 ms",
+            check(p50, (p50 or 0) <= 5),
+        ),
+        (
+            "idle latency p90 (ms, pooled)",
+            fmt(p90, ".1f"),
+            fmt(pooled("pgqueuer", 90), ".1f"),
+            "",
+            "≤ 10 ms",
+            check(p90, (p90 or 0) <= 10),
+        ),
+        (
+            "3-step run, 1 process (runs/s)",
+            mmm(steps),
+            "",
+            "",
+            "≥ 1,000 runs/s",
+            check(med(steps), (med(steps) or 0) >= 1000),
+        ),
+        (
+            f"drain with {meta.get('options', {}).get('history', 0):,} runs of history / empty",
+            mmm(history, ".2f", TIMES),
+            "",
+            "",
+            "≥ 0.9",
+            check(med(history), (med(history) or 0) >= 0.9),
+        ),
+        (
+            f"worker RSS growth over {meta.get('options', {}).get('rss_runs', 0):,} runs (MB)",
+            mmm(rss, ".1f"),
+            "",
+            "",
+            "< 20 MB",
+            check(med(rss), (med(rss) or 0) < 20),
+        ),
+    ]
+    lines = [
+        "# Benchmark: django_jobs beside its peers",
+        "",
+        *machine_lines(meta, raw_name),
+        "",
+        f"Median (min{DASH}max) over rounds; ratios are taken within each round, then their"
+        " median. Latency percentiles pool every sample of every round.",
+        "",
+        "| metric | django_jobs | PgQueuer | django_jobs / PgQueuer | target | met |",
+        "|---|---|---|---|---|---|",
+        *("| " + " | ".join(row) + " |" for row in targets),
+        "",
+        "## Every system",
+        "",
+        "| system | drain 1 process | drain 2 processes | drain 1p, DB timestamps"
+        " | bulk enqueue | latency p50 / p90 ms | foreign load, cores |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for system in LABELS:
+        if not any(r["system"] == system for r in runs):
+            continue
+        label = LABELS[system] + drain_config(system, meta)
+        lat = (
+            f"{fmt(pooled(system, 50), '.1f')} / {fmt(pooled(system, 90), '.1f')}"
+            if pooled(system, 50) is not None
+            else "n/a"
+        )
+        lines.append(
+            f"| {label} | {mmm(values(system, 'drain1', 'drain_per_s'))}"
+            f" | {mmm(values(system, 'drain2', 'drain_per_s'))}"
+            f" | {mmm(values(system, 'drain1', 'drain_db_per_s'))}"
+            f" | {mmm(values(system, 'drain1', 'enqueue_per_s'))} | {lat}"
+            f" | {mmm(values(system, 'drain1', 'foreign_cores'), '.2f')} |"
+        )
+    lines += [
+        "",
+        "django_jobs, more: "
+        f"drain with history {mmm(values(dj, 'history', 'drain_per_s'))} runs/s; "
+        f"3-step runs by DB timestamps {mmm(values(dj, 'steps', 'drain_db_per_s'))} runs/s; "
+        f"history insert {mmm(values(dj, 'history', 'history_insert_s'), '.1f')} s; "
+        f"worker RSS after warm-up {mmm(values(dj, 'rss', 'rss_before_mb'), '.1f')} MB, "
+        f"after {mmm(values(dj, 'rss', 'rss_after_mb'), '.1f')} MB "
+        f"(peak {mmm(values(dj, 'rss', 'hwm_after_mb'), '.1f')} MB).",
+    ]
+    lines += per_round(ok)
+    errors = [r for r in runs if "error" in r]
+    if errors:
+        lines += ["", "Errors:", ""]
+        lines += [
+            f"- round {r['round']}, {LABELS.get(r['system'], r['system'])} {r['case']}: "
+            f"{r['error']}"
+            for r in errors
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def per_round(ok: list[dict[str, Any]]) -> list[str]:
+    """django_jobs' ratios round by round, with the foreign load during its drains."""
+    rows: dict[int, dict[tuple[str, str], dict[str, Any]]] = {}
+    for r in ok:
+        rows.setdefault(r["round"], {})[(r["system"], r["case"])] = r
+    if not rows:
+        return []
+
+    def get(rnd: int, system: str, case: str, key: str) -> float | None:
+        return rows[rnd].get((system, case), {}).get(key)
+
+    def div(a: float | None, b: float | None) -> str:
+        return f"{a / b:.2f}" if a is not None and b else "n/a"
+
+    dj, pgq = "django_jobs", "pgqueuer"
+    lines = [
+        "",
+        "Round by round (django_jobs / PgQueuer; history / empty; foreign load in cores during"
+        " django_jobs' drain1 / history drain):",
+        "",
+        "| round | drain 1p | drain 2p | bulk enqueue | history / empty | 3-step runs/s"
+        " | foreign load |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    pairs = [
+        ((dj, "drain1", "drain_per_s"), (pgq, "drain1", "drain_per_s")),
+        ((dj, "drain2", "drain_per_s"), (pgq, "drain2", "drain_per_s")),
+        ((dj, "drain1", "enqueue_per_s"), (pgq, "drain1", "enqueue_per_s")),
+        ((dj, "history", "drain_per_s"), (dj, "drain1", "drain_per_s")),
+    ]
+    for rnd in sorted(rows):
+        ratios = [div(get(rnd, *a), get(rnd, *b)) for a, b in pairs]
+        steps = fmt(get(rnd, dj, "steps", "drain_per_s"))
+        loads = " / ".join(
+            fmt(get(rnd, dj, c, "foreign_cores"), ".2f") for c in ("drain1", "history")
+        )
+        lines.append(f"| {rnd} | {' | '.join(ratios)} | {steps} | {loads} |")
+    return lines
+
+
+def machine_lines(meta: dict[str, Any], raw_name: str) -> list[str]:
+    if not meta:
+        return []
+    opts = meta["options"]
+    versions = meta["versions"]
+    pkgs = "; ".join(
+        f"{LABELS[s]}: " + ", ".join(f"{k} {v}" for k, v in vs.items() if k != "python")
+        for s, vs in versions.items()
+    )
+    python = sorted({vs["python"] for vs in versions.values()})
+    verbosity = opts["worker_verbosity"]
+    return [
+        f"- Date: {meta['date']}; django_jobs at `{meta['django_jobs_commit']}`; raw: `{raw_name}`",
+        f"- Machine: {meta['nproc']} CPUs ({meta['cpu']}), {meta['ram_gib']} GiB RAM, "
+        f"Linux {meta['kernel']}; PostgreSQL {meta['postgresql']} (local, shared with "
+        "other work)",
+        f"- Python {', '.join(python)}; {pkgs}",
+        f"- {opts['rounds']} round(s); {opts['n']:,} no-op runs per drain; runjobworker "
+        f"{worker_flags(opts['concurrency'])}, "
+        + ("default verbosity" if verbosity is None else f"-v {verbosity}")
+        + f"; {opts['lat_samples']} latency samples per system and round"
+        + (" (**quick mode**: smoke test, not for comparisons)" if opts["quick"] else ""),
+    ]
+
+
+def drain_config(system: str, meta: dict[str, Any]) -> str:
+    conc = meta.get("options", {}).get("concurrency", "?")
+    return {
+        "django_jobs": f" ({worker_flags(conc)})",
+        "pgqueuer": " (defaults, batch 10)",
+        "procrastinate": " (--concurrency 10)",
+        "django_tasks_db": " (db_worker)",
+    }[system]
+
+
+def worker_flags(conc: object) -> str:
+    return "no --concurrency (its default)" if conc == "default" else f"--concurrency {conc}"
+
+
+def drain_verdict(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    if value >= 1.5:
+        return "yes"
+    return "floor only" if value >= 1.0 else "**no**"
+
+
+def percentile(values: Sequence[float], pct: float) -> float:
+    """Nearest-rank percentile."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(pct / 100 * len(ordered)) - 1)]
+
+
+def fmt(value: float | None, spec: str = ",.0f", unit: str = "") -> str:
+    return "n/a" if value is None else f"{value:{spec}}{unit}"
+
+
+def mmm(vals: Sequence[float], spec: str = ",.0f", unit: str = "") -> str:
+    """Median (min-max)."""
+    if not vals:
+        return "n/a"
+    med = fmt(statistics.median(vals), spec, unit)
+    if len(vals) == 1:
+        return med
+    return f"{med} ({fmt(min(vals), spec)}{DASH}{fmt(max(vals), spec)})"
