@@ -3,7 +3,8 @@ the latency probe, RSS and the foreign-load monitor.
 
 A driver (``<system>_bench.py``) measures one case of one system in a fresh scratch
 database and writes one JSON record; ``bench/run.py`` runs the drivers round by round.
-This module needs psycopg 3 (installed in every benchmark virtual environment).
+The database server (PostgreSQL, or MariaDB with ``BENCH_DATABASE=mariadb``) is
+reached through ``servers``, whose names are re-exported here.
 """
 
 from __future__ import annotations
@@ -24,49 +25,23 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import psycopg
+import servers
+from servers import (  # noqa: F401  (the drivers' names for them)
+    DB_PREFIX,
+    analyze,
+    connect,
+    drop_scratch_dbs,
+    dsn,
+    recreate_db,
+    scalar,
+    server_process,
+    server_version,
+    span_seconds,
+    url,
+)
 
-PGHOST = os.environ.get("BENCH_PGHOST", "127.0.0.1")
-PGPORT = os.environ.get("BENCH_PGPORT", "5432")
-PGUSER = os.environ.get("BENCH_PGUSER", "postgres")
-DB_PREFIX = "bench_run_"  # every scratch database of this harness, and nothing else
 POLL = 0.1  # seconds between two counts of finished runs
 BENCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def dsn(db: str) -> str:
-    return f"host={PGHOST} port={PGPORT} user={PGUSER} dbname={db}"
-
-
-def url(db: str) -> str:
-    return f"postgres://{PGUSER}@{PGHOST}:{PGPORT}/{db}"
-
-
-def recreate_db(db: str) -> None:
-    assert db.startswith(DB_PREFIX), db
-    with psycopg.connect(dsn("postgres"), autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {db}")
-
-
-def drop_scratch_dbs() -> list[str]:
-    with psycopg.connect(dsn("postgres"), autocommit=True) as conn:
-        names = [
-            row[0]
-            for row in conn.execute(
-                "SELECT datname FROM pg_database WHERE datname LIKE %s", [DB_PREFIX + "%"]
-            )
-        ]
-        for name in names:
-            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    return names
-
-
-def scalar(db: str, sql: str, params: Sequence[Any] | None = None) -> Any:
-    with psycopg.connect(dsn(db), autocommit=True) as conn:
-        cur = conn.execute(sql, params)
-        row = cur.fetchone() if cur.description else None
-        return row[0] if row else None
 
 
 # --- worker processes -------------------------------------------------------------
@@ -191,10 +166,12 @@ def wait_drained(
     started = time.monotonic()
     first_t: float | None = None
     first_done = 0
-    with psycopg.connect(dsn(db), autocommit=True) as conn:
+    with connect(db) as conn:
+        cur = conn.cursor()
         while True:
             now = time.monotonic()
-            done = conn.execute(done_sql).fetchone()[0]  # type: ignore[index]
+            cur.execute(done_sql)
+            done = int(cur.fetchone()[0])
             if first_t is None and done > 0:
                 first_t, first_done = now, done
             if done >= n:
@@ -275,12 +252,14 @@ class LoadMonitor:
     """CPU (in cores) used during a phase by processes that are not this benchmark's:
     "ours" = descendants of this driver and PostgreSQL backends of bench_run_*
     databases; "pg_aux" = PostgreSQL's own processes; "foreign" = everything else.
+    On MariaDB the whole server process is "db_server" (``servers.server_process``),
+    so other clients' queries are not in "foreign" there.
     Sampled every 0.5 s, so short-lived foreign processes are partly missed."""
 
     def __init__(self, interval: float = 0.5):
         self.interval = interval
         self.root = os.getpid()
-        self.totals = {"ours": 0, "pg_aux": 0, "foreign": 0}
+        self.totals = {"ours": 0, "pg_aux" if servers.POSTGRESQL else "db_server": 0, "foreign": 0}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self.result: dict[str, float] = {}
@@ -308,11 +287,9 @@ class LoadMonitor:
             before = now
 
     def _classify(self, pid: int, procs: dict[int, tuple[int, int, int, str]]) -> str:
-        cmd = procs[pid][3]
-        if cmd.startswith("postgres:"):
-            if DB_PREFIX in cmd:
-                return "ours"
-            return "foreign" if ("(" in cmd or "[local]" in cmd) else "pg_aux"
+        server = server_process(procs[pid][3])
+        if server is not None:
+            return server
         for _ in range(64):
             if pid == self.root:
                 return "ours"
@@ -368,7 +345,7 @@ def driver_main(measure: Callable[[argparse.Namespace], dict[str, Any]]) -> None
 if __name__ == "__main__":
     # Small helpers for bench/run.py, run with a benchmark venv's Python.
     if sys.argv[1:] == ["server-version"]:
-        print(scalar("postgres", "SHOW server_version"))
+        print(server_version())
     elif sys.argv[1:] == ["drop-scratch-dbs"]:
         print(" ".join(drop_scratch_dbs()))
     else:

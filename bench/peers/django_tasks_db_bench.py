@@ -45,7 +45,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             tasks.noop.enqueue()
     seconds = time.perf_counter() - t
     record.update(enqueue_s=round(seconds, 3), enqueue_per_s=round(n / seconds, 1))
-    common.scalar(DB, f"VACUUM ANALYZE {TABLE}")
+    common.analyze(DB, TABLE)
     noop = f"{TABLE} WHERE task_path = 'django_tasks_db_tasks.noop'"
     done_sql = f"SELECT count(*) FROM {noop} AND status IN ('SUCCESSFUL', 'FAILED')"
     cmd = [sys.executable, "-m", "django", "db_worker", "--no-startup-delay"]
@@ -54,10 +54,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         with common.LoadMonitor() as load:
             record.update(common.wait_drained(DB, done_sql, n, workers))
         record.update(load.result)
-        span = common.scalar(
-            DB, f"SELECT extract(epoch FROM max(finished_at) - min(started_at)) FROM {noop}"
-        )
-        record["drain_db_per_s"] = round(n / float(span), 1) if span else None
+        span = common.span_seconds(DB, TABLE, "task_path = 'django_tasks_db_tasks.noop'")
+        record["drain_db_per_s"] = round(n / span, 1) if span else None
         failed = common.scalar(DB, f"SELECT count(*) FROM {noop} AND status <> 'SUCCESSFUL'")
         if failed:
             raise RuntimeError(f"{failed} tasks did not succeed")

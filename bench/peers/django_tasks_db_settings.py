@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+from servers import django_database
+
 SECRET_KEY = "django-tasks-db-bench"
 DEBUG = False
 USE_TZ = True
@@ -12,11 +14,8 @@ INSTALLED_APPS = ["django_tasks_db"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 DATABASES = {
     "default": {
-        "ENGINE": "django.db.backends.postgresql",
-        "NAME": os.environ["BENCH_DB"],
-        "HOST": os.environ.get("BENCH_PGHOST", "127.0.0.1"),
-        "PORT": os.environ.get("BENCH_PGPORT", "5432"),
-        "USER": os.environ.get("BENCH_PGUSER", "postgres"),
+        # PostgreSQL, or MariaDB with BENCH_DATABASE=mariadb (see servers.py).
+        **django_database(os.environ["BENCH_DB"]),
         # Persistent connections: with Django's default (0) db_worker reconnects for
         # every task and drains about half as fast.
         "CONN_MAX_AGE": 600,
