@@ -26,39 +26,56 @@ TIMES, DASH = "\N{MULTIPLICATION SIGN}", "\N{EN DASH}"
 
 
 def write_summary(records: list[dict[str, Any]], raw_path: str, quick: bool) -> str:
-    text = summarize(records, os.path.relpath(raw_path, REPO))
-    name = "summary-quick.md" if quick or "-quick" in raw_path else "summary.md"
+    meta = next((r for r in records if r.get("system") == "meta"), {})
+    if "mariadb" in meta:
+        text = summarize_mariadb(records, os.path.relpath(raw_path, REPO))
+        name = "summary-mariadb.md"
+    else:
+        text = summarize(records, os.path.relpath(raw_path, REPO))
+        name = "summary.md"
+    if quick or "-quick" in raw_path:
+        name = name.replace(".md", "-quick.md")
     with open(os.path.join(RESULTS, name), "w") as f:
         f.write(text)
     return text
 
 
-def summarize(records: list[dict[str, Any]], raw_name: str) -> str:
-    meta = next((r for r in records if r.get("system") == "meta"), {})
-    runs = [r for r in records if r.get("system") != "meta"]
-    ok = [r for r in runs if "error" not in r]
+class Records:
+    """The measurements of one raw file, looked up by system, case and key."""
 
-    def values(system: str, case: str, key: str) -> list[float]:
-        return [
-            r[key]
-            for r in ok
-            if r["system"] == system and r["case"] == case and r.get(key) is not None
-        ]
+    def __init__(self, records: list[dict[str, Any]]):
+        self.meta = next((r for r in records if r.get("system") == "meta"), {})
+        self.runs = [r for r in records if r.get("system") != "meta"]
+        self.ok = [r for r in self.runs if "error" not in r]
 
-    def by_round(system: str, case: str, key: str) -> dict[int, float]:
+    def values(self, system: str, case: str, key: str) -> list[float]:
+        return list(self.by_round(system, case, key).values())
+
+    def by_round(self, system: str, case: str, key: str) -> dict[int, float]:
         return {
             r["round"]: r[key]
-            for r in ok
+            for r in self.ok
             if r["system"] == system and r["case"] == case and r.get(key) is not None
         }
 
-    def ratio(a: tuple[str, str, str], b: tuple[str, str, str]) -> list[float]:
-        num, den = by_round(*a), by_round(*b)
-        return [num[k] / den[k] for k in sorted(num) if den.get(k)]
+    def ratio(self, a: tuple[str, str, str], b: tuple[str, str, str]) -> list[float]:
+        """a / b round by round, where both were measured."""
+        return list(self.ratio_by_round(a, b).values())
 
-    def pooled(system: str, pct: float) -> float | None:
-        samples = [x for r in ok if r["system"] == system for x in r.get("lat_ms", [])]
+    def ratio_by_round(self, a: tuple[str, str, str], b: tuple[str, str, str]) -> dict[int, float]:
+        num, den = self.by_round(*a), self.by_round(*b)
+        return {k: num[k] / den[k] for k in sorted(num) if den.get(k)}
+
+    def pooled(self, system: str, pct: float) -> float | None:
+        """A latency percentile over every sample of every round."""
+        samples = [x for r in self.ok if r["system"] == system for x in r.get("lat_ms", [])]
         return percentile(samples, pct) if samples else None
+
+
+def summarize(records: list[dict[str, Any]], raw_name: str) -> str:
+    rec = Records(records)
+    meta, runs, ok = rec.meta, rec.runs, rec.ok
+    values, ratio, pooled = rec.values, rec.ratio, rec.pooled
 
     dj = "django_jobs"
     drain1 = ratio((dj, "drain1", "drain_per_s"), ("pgqueuer", "drain1", "drain_per_s"))
@@ -156,6 +173,27 @@ def summarize(records: list[dict[str, Any]], raw_name: str) -> str:
         "|---|---|---|---|---|---|",
         *("| " + " | ".join(row) + " |" for row in targets),
         "",
+        *every_system(rec),
+    ]
+    lines += [
+        "",
+        "django_jobs, more: "
+        f"drain with history {mmm(values(dj, 'history', 'drain_per_s'))} runs/s; "
+        f"3-step runs by DB timestamps {mmm(values(dj, 'steps', 'drain_db_per_s'))} runs/s; "
+        f"history insert {mmm(values(dj, 'history', 'history_insert_s'), '.1f')} s; "
+        f"worker RSS after warm-up {mmm(values(dj, 'rss', 'rss_before_mb'), '.1f')} MB, "
+        f"after {mmm(values(dj, 'rss', 'rss_after_mb'), '.1f')} MB "
+        f"(peak {mmm(values(dj, 'rss', 'hwm_after_mb'), '.1f')} MB).",
+    ]
+    lines += per_round(ok)
+    lines += error_lines(runs)
+    return "\n".join(lines) + "\n"
+
+
+def every_system(rec: Records) -> list[str]:
+    """A row per system measured: its drain rates, bulk enqueue, latency, foreign load."""
+    values, pooled = rec.values, rec.pooled
+    lines = [
         "## Every system",
         "",
         "| system | drain 1 process | drain 2 processes | drain 1p, DB timestamps"
@@ -163,9 +201,9 @@ def summarize(records: list[dict[str, Any]], raw_name: str) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for system in LABELS:
-        if not any(r["system"] == system for r in runs):
+        if not any(r["system"] == system for r in rec.runs):
             continue
-        label = LABELS[system] + drain_config(system, meta)
+        label = LABELS[system] + drain_config(system, rec.meta)
         lat = (
             f"{fmt(pooled(system, 50), '.1f')} / {fmt(pooled(system, 90), '.1f')}"
             if pooled(system, 50) is not None
@@ -178,26 +216,141 @@ def summarize(records: list[dict[str, Any]], raw_name: str) -> str:
             f" | {mmm(values(system, 'drain1', 'enqueue_per_s'))} | {lat}"
             f" | {mmm(values(system, 'drain1', 'foreign_cores'), '.2f')} |"
         )
-    lines += [
-        "",
-        "django_jobs, more: "
-        f"drain with history {mmm(values(dj, 'history', 'drain_per_s'))} runs/s; "
-        f"3-step runs by DB timestamps {mmm(values(dj, 'steps', 'drain_db_per_s'))} runs/s; "
-        f"history insert {mmm(values(dj, 'history', 'history_insert_s'), '.1f')} s; "
-        f"worker RSS after warm-up {mmm(values(dj, 'rss', 'rss_before_mb'), '.1f')} MB, "
-        f"after {mmm(values(dj, 'rss', 'rss_after_mb'), '.1f')} MB "
-        f"(peak {mmm(values(dj, 'rss', 'hwm_after_mb'), '.1f')} MB).",
-    ]
-    lines += per_round(ok)
+    return lines
+
+
+def error_lines(runs: list[dict[str, Any]]) -> list[str]:
     errors = [r for r in runs if "error" in r]
-    if errors:
-        lines += ["", "Errors:", ""]
-        lines += [
+    if not errors:
+        return []
+    return [
+        "",
+        "Errors:",
+        "",
+        *(
             f"- round {r['round']}, {LABELS.get(r['system'], r['system'])} {r['case']}: "
             f"{r['error']}"
             for r in errors
-        ]
+        ),
+    ]
+
+
+# django_jobs' drain on MariaDB, against django-tasks-db's on the same server (issue target).
+MARIADB_TARGET = 5.0
+
+
+def summarize_mariadb(records: list[dict[str, Any]], raw_name: str) -> str:
+    """The table of a --database mariadb run: django_jobs beside django-tasks-db."""
+    rec = Records(records)
+    values, ratio, pooled = rec.values, rec.ratio, rec.pooled
+    dj, dt = "django_jobs", "django_tasks_db"
+
+    def pair(case: str, key: str) -> list[float]:
+        return ratio((dj, case, key), (dt, case, key))
+
+    drain1 = pair("drain1", "drain_per_s")
+    r1 = statistics.median(drain1) if drain1 else None
+    met = "n/a" if r1 is None else ("yes" if r1 >= MARIADB_TARGET else "**no**")
+    rows = [
+        (
+            "drain, 1 process (runs/s)",
+            mmm(values(dj, "drain1", "drain_per_s")),
+            mmm(values(dt, "drain1", "drain_per_s")),
+            mmm(drain1, ".1f", TIMES),
+            f"≥ {MARIADB_TARGET:.0f}{TIMES} django-tasks-db",
+            met,
+        ),
+        (
+            "drain, 2 processes (runs/s)",
+            mmm(values(dj, "drain2", "drain_per_s")),
+            mmm(values(dt, "drain2", "drain_per_s")),
+            mmm(pair("drain2", "drain_per_s"), ".1f", TIMES),
+            "",
+            "",
+        ),
+        (
+            "bulk enqueue (runs/s)",
+            mmm(values(dj, "drain1", "enqueue_per_s")),
+            mmm(values(dt, "drain1", "enqueue_per_s")),
+            mmm(pair("drain1", "enqueue_per_s"), ".1f", TIMES),
+            "",
+            "",
+        ),
+        *(
+            (
+                f"idle latency p{pct} (ms, pooled)",
+                fmt(pooled(dj, pct), ".1f"),
+                fmt(pooled(dt, pct), ".1f"),
+                "",
+                "",
+                "",
+            )
+            for pct in (50, 90)
+        ),
+        ("3-step run, 1 process (runs/s)", mmm(values(dj, "steps", "drain_per_s")), "", "", "", ""),
+    ]
+    lines = [
+        "# Benchmark on MariaDB: django_jobs beside django-tasks-db",
+        "",
+        *machine_lines(rec.meta, raw_name),
+        "",
+        f"Median (min{DASH}max) over rounds; ratios are taken within each round, then their"
+        " median. Latency percentiles pool every sample of every round.",
+        "",
+        "| metric | django_jobs | django-tasks-db | django_jobs / django-tasks-db | target | met |",
+        "|---|---|---|---|---|---|",
+        *("| " + " | ".join(row) + " |" for row in rows),
+        "",
+        *every_system(rec),
+        "",
+        "django_jobs, more: "
+        f"3-step runs by DB timestamps {mmm(values(dj, 'steps', 'drain_db_per_s'))} runs/s. "
+        "The MariaDB server's CPU during django_jobs' drain1 (cores, all its clients): "
+        f"{mmm(values(dj, 'drain1', 'db_server_cores'), '.2f')}; "
+        f"during django-tasks-db's: {mmm(values(dt, 'drain1', 'db_server_cores'), '.2f')}.",
+        *per_round_mariadb(rec),
+        *error_lines(rec.runs),
+    ]
     return "\n".join(lines) + "\n"
+
+
+def per_round_mariadb(rec: Records) -> list[str]:
+    """Each round's drain rates and ratios, with the loads during them."""
+    dj, dt = "django_jobs", "django_tasks_db"
+    rounds = sorted({r["round"] for r in rec.ok})
+    if not rounds:
+        return []
+    cells = [
+        (dj, "drain1", "drain_per_s", ",.0f"),
+        (dt, "drain1", "drain_per_s", ",.0f"),
+        (dj, "drain2", "drain_per_s", ",.0f"),
+        (dt, "drain2", "drain_per_s", ",.0f"),
+        (dj, "steps", "drain_per_s", ",.0f"),
+        (dj, "drain1", "foreign_cores", ".2f"),
+        (dj, "drain1", "db_server_cores", ".2f"),
+    ]
+    columns = [rec.by_round(system, case, key) for system, case, key, _ in cells]
+    ratio_rounds = [
+        rec.ratio_by_round((dj, case, "drain_per_s"), (dt, case, "drain_per_s"))
+        for case in ("drain1", "drain2")
+    ]
+    lines = [
+        "",
+        "Round by round (runs/s; loads in cores during django_jobs' drain1):",
+        "",
+        "| round | django_jobs drain 1p | django-tasks-db drain 1p | ratio"
+        " | django_jobs drain 2p | django-tasks-db drain 2p | ratio | 3-step runs/s"
+        " | foreign load | MariaDB server |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for rnd in rounds:
+        row = [fmt(col.get(rnd), spec) for col, (*_, spec) in zip(columns, cells, strict=True)]
+        r1, r2 = (fmt(rr.get(rnd), ".1f", TIMES) for rr in ratio_rounds)
+        lines.append(
+            f"| {rnd} | {row[0]} | {row[1]} | {r1} | {row[2]} | {row[3]} | {r2}"
+            f" | {row[4]} | {row[5]} | {row[6]} |"
+        )
+    return lines
 
 
 def per_round(ok: list[dict[str, Any]]) -> list[str]:
@@ -254,8 +407,7 @@ def machine_lines(meta: dict[str, Any], raw_name: str) -> list[str]:
     return [
         f"- Date: {meta['date']}; django_jobs at `{meta['django_jobs_commit']}`; raw: `{raw_name}`",
         f"- Machine: {meta['nproc']} CPUs ({meta['cpu']}), {meta['ram_gib']} GiB RAM, "
-        f"Linux {meta['kernel']}; PostgreSQL {meta['postgresql']} (local, shared with "
-        "other work)",
+        f"Linux {meta['kernel']}; {server_name(meta)} (local, shared with other work)",
         f"- Python {', '.join(python)}; {pkgs}",
         f"- {opts['rounds']} round(s); {opts['n']:,} no-op runs per drain; runjobworker "
         f"{worker_flags(opts['concurrency'])}, "
@@ -263,6 +415,12 @@ def machine_lines(meta: dict[str, Any], raw_name: str) -> list[str]:
         + f"; {opts['lat_samples']} latency samples per system and round"
         + (" (**quick mode**: smoke test, not for comparisons)" if opts["quick"] else ""),
     ]
+
+
+def server_name(meta: dict[str, Any]) -> str:
+    if "mariadb" in meta:
+        return f"MariaDB {meta['mariadb']}"
+    return f"PostgreSQL {meta['postgresql']}"
 
 
 def drain_config(system: str, meta: dict[str, Any]) -> str:
