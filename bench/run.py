@@ -5,13 +5,15 @@
     python3 bench/run.py --quick          # smoke run: 1 round, small N (~70 s)
     python3 bench/run.py --rounds 5 --n 20000 --concurrency 16
     python3 bench/run.py --concurrency default   # runjobworker without --concurrency
+    python3 bench/run.py --database mariadb      # django_jobs and django-tasks-db on MariaDB
 
 Each system (django_jobs, PgQueuer, Procrastinate, django-tasks-db) gets its own
 virtual environment under bench/.venvs/ (created on first use; --reinstall rebuilds)
 and its own scratch database, recreated for every measurement. Every round runs every
 case of every system once (bench/peers/<system>_bench.py, one process per case); the
 raw records go to bench/results/<timestamp>.jsonl and the table to
-bench/results/summary.md (summary-quick.md with --quick). This script needs only the
+bench/results/summary.md (summary-quick.md with --quick; summary-mariadb.md and
+summary-mariadb-quick.md with --database mariadb). This script needs only the
 standard library; see bench/README.md for the method.
 """
 
@@ -45,6 +47,9 @@ CONSTRAINTS = os.path.join(PEERS, "constraints.txt")
 
 # What each system's venv holds (versions pinned by constraints.txt). psycopg is the
 # harness's own (bench/peers/common.py) where the library does not need it.
+# MariaDB's client, added to a venv the first time it is used with --database mariadb.
+MARIADB_PACKAGES = ["mysqlclient"]
+DATABASES = ("postgresql", "mariadb")
 PACKAGES = {
     "django_jobs": ["-e", f"{REPO}[postgres]", "psycopg[binary]", "Django", "django-environ"],
     "pgqueuer": ["pgqueuer", "asyncpg", "uvloop", "psycopg[binary]"],
@@ -70,6 +75,15 @@ PLAN = [
     ("django_tasks_db", "drain1"),
     ("django_tasks_db", "drain2"),
 ]
+# The round on MariaDB: the cases that run there. PgQueuer and Procrastinate are
+# PostgreSQL queues; django_jobs' history and rss cases are written for PostgreSQL.
+MARIADB_PLAN = [
+    ("django_tasks_db", "drain1"),
+    ("django_jobs", "drain1"),
+    ("django_tasks_db", "drain2"),
+    ("django_jobs", "drain2"),
+    ("django_jobs", "steps"),
+]
 CASES = {
     "django_jobs": ["drain1", "drain2", "steps", "history", "rss"],
     "pgqueuer": ["drain1", "drain2"],
@@ -89,14 +103,15 @@ def main() -> None:
         records = load_records(args.summarize)
         print(write_summary(records, args.summarize, quick=args.quick))
         return
-    plan = build_plan(args.only)
+    plan = build_plan(args.only, args.database)
     systems = list(dict.fromkeys(system for system, _ in plan))
     for system in systems:
-        ensure_venv(system, args.reinstall)
+        ensure_venv(system, args.reinstall, args.database)
     if args.setup_only:
         return
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    raw_path = os.path.join(RESULTS, f"{stamp}{'-quick' if args.quick else ''}.jsonl")
+    suffix = ("-mariadb" if args.database == "mariadb" else "") + ("-quick" if args.quick else "")
+    raw_path = os.path.join(RESULTS, f"{stamp}{suffix}.jsonl")
     meta = machine_info(systems, args)
     append(raw_path, meta)
     print(f"raw records: {os.path.relpath(raw_path, REPO)}", flush=True)
@@ -109,24 +124,35 @@ def main() -> None:
                 append(raw_path, record)
                 print(f"  {LABELS[system]:<16} {case:<8} {brief(record)}", flush=True)
     finally:
-        dropped = drop_scratch_dbs(systems[0])
+        dropped = drop_scratch_dbs(systems[0], args.database)
         if dropped:
             print(f"dropped scratch databases: {dropped}")
     print(f"total {elapsed(started)}")
     print(write_summary(load_records(raw_path), raw_path, quick=args.quick))
 
 
-def build_plan(only: str | None) -> list[tuple[str, str]]:
+def build_plan(only: str | None, database: str = "postgresql") -> list[tuple[str, str]]:
+    """The cases of one round, in order: all of ``database``'s, or those ``only`` names."""
+    base = PLAN if database == "postgresql" else MARIADB_PLAN
+    skipped = [f"{s}:{c}" for s, c in PLAN if (s, c) not in base]
     if not only:
-        return list(PLAN)
+        if skipped:
+            print(f"PostgreSQL only, not run on {database}: {', '.join(skipped)}", flush=True)
+        return list(base)
     wanted: list[tuple[str, str]] = []
     for item in only.split(","):
         system, _, case = item.strip().partition(":")
         if system not in CASES or (case and case not in CASES[system]):
             known = ", ".join(f"{s}:{c}" for s in CASES for c in CASES[s])
             sys.exit(f"unknown case {item!r}; known: {known}")
+        if database != "postgresql" and not any(s == system and case in ("", c) for s, c in base):
+            served = ", ".join(f"{s}:{c}" for s, c in base)
+            sys.exit(f"{item!r} runs on PostgreSQL only; on {database}: {served}")
         wanted.append((system, case))
-    plan = [(s, c) for s, c in PLAN if any(s == ws and wc in ("", c) for ws, wc in wanted)]
+    plan = [(s, c) for s, c in base if any(s == ws and wc in ("", c) for ws, wc in wanted)]
+    not_run = [c for c in skipped if any(c.startswith(f"{ws}:") for ws, wc in wanted if not wc)]
+    if not_run:
+        print(f"PostgreSQL only, not run on {database}: {', '.join(not_run)}", flush=True)
     return plan + [(s, c) for s, c in wanted if c and (s, c) not in plan]
 
 
@@ -161,6 +187,12 @@ def parse_args() -> argparse.Namespace:
         help="pass -v N to runjobworker (default: not passed, i.e. verbosity 1)",
     )
     p.add_argument("--quick", action="store_true", help="short smoke run (small sizes, 1 round)")
+    p.add_argument(
+        "--database",
+        choices=DATABASES,
+        default="postgresql",
+        help="the server: postgresql (default), or mariadb (django_jobs and django-tasks-db)",
+    )
     p.add_argument(
         "--only",
         metavar="SYSTEM[:CASE],...",
@@ -210,33 +242,51 @@ def venv_python(system: str) -> str:
     return os.path.join(VENVS, system, "bin", "python")
 
 
-def ensure_venv(system: str, reinstall: bool) -> None:
-    """Create bench/.venvs/<system> unless it exists with the same package spec."""
+def ensure_venv(system: str, reinstall: bool, database: str = "postgresql") -> None:
+    """Create bench/.venvs/<system> unless it exists with the same package spec; on
+    MariaDB, add its client unless it is there."""
     root = os.path.join(VENVS, system)
     with open(CONSTRAINTS, "rb") as f:
-        spec = json.dumps(PACKAGES[system]) + hashlib.sha256(f.read()).hexdigest()
-    marker = os.path.join(root, ".bench-spec")
-    if not reinstall and os.path.exists(marker):
-        with open(marker) as f:
-            if f.read() == spec:
-                return
-    print(f"creating {os.path.relpath(root, REPO)} ...", flush=True)
-    shutil.rmtree(root, ignore_errors=True)
-    subprocess.run([python312(), "-m", "venv", root], check=True)
+        constraints = hashlib.sha256(f.read()).hexdigest()
     pip = [venv_python(system), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    subprocess.run([*pip, "-c", CONSTRAINTS, *PACKAGES[system]], check=True)
-    with open(marker, "w") as f:
-        f.write(spec)
+    marker = os.path.join(root, ".bench-spec")
+    spec = json.dumps(PACKAGES[system]) + constraints
+    if reinstall or not has_spec(marker, spec):
+        print(f"creating {os.path.relpath(root, REPO)} ...", flush=True)
+        shutil.rmtree(root, ignore_errors=True)
+        subprocess.run([python312(), "-m", "venv", root], check=True)
+        subprocess.run([*pip, "-c", CONSTRAINTS, *PACKAGES[system]], check=True)
+        with open(marker, "w") as f:
+            f.write(spec)
+    if database != "mariadb":
+        return
+    # A marker of its own, so that switching servers does not rebuild the venv.
+    marker = os.path.join(root, ".bench-spec-mariadb")
+    spec = json.dumps(MARIADB_PACKAGES) + constraints
+    if not has_spec(marker, spec):
+        print(f"adding {', '.join(MARIADB_PACKAGES)} to {os.path.relpath(root, REPO)} ...")
+        subprocess.run([*pip, "-c", CONSTRAINTS, *MARIADB_PACKAGES], check=True)
+        with open(marker, "w") as f:
+            f.write(spec)
 
 
-def package_versions(system: str) -> dict[str, str]:
+def has_spec(marker: str, spec: str) -> bool:
+    try:
+        with open(marker) as f:
+            return f.read() == spec
+    except FileNotFoundError:
+        return False
+
+
+def package_versions(system: str, database: str = "postgresql") -> dict[str, str]:
     code = (
         "import importlib.metadata as m, json, sys, platform;"
         "print(json.dumps({'python': platform.python_version(),"
         " **{p: m.version(p) for p in sys.argv[1:]}}))"
     )
+    extra = MARIADB_PACKAGES if database == "mariadb" else []
     out = subprocess.run(
-        [venv_python(system), "-c", code, *VERSIONS[system]],
+        [venv_python(system), "-c", code, *VERSIONS[system], *extra],
         capture_output=True,
         text=True,
         check=True,
@@ -273,10 +323,9 @@ def run_case(system: str, case: str, rnd: int, args: argparse.Namespace) -> dict
     if args.worker_verbosity is not None:
         cmd += ["--worker-verbosity", str(args.worker_verbosity)]
     env = dict(
-        os.environ,
+        helper_env(args.database),
         BENCH_PIDFILE=pidfile,
         BENCH_LOG_DIR=os.path.join(RESULTS, "logs"),
-        PYTHONPATH=PEERS,
     )
     record: dict[str, Any] = {"system": system, "case": case, "round": rnd, "ts": time.time()}
     t0 = time.monotonic()
@@ -356,7 +405,12 @@ def signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
-def drop_scratch_dbs(system: str) -> str:
+def helper_env(database: str) -> dict[str, str]:
+    """The environment of a driver or of a bench/peers/common.py helper."""
+    return dict(os.environ, PYTHONPATH=PEERS, BENCH_DATABASE=database)
+
+
+def drop_scratch_dbs(system: str, database: str) -> str:
     """Drop every bench_run_* database, and remove the latency probes' files."""
     for path in glob.glob(os.path.join(tempfile.gettempdir(), "bench_run_*_lat.txt")):
         os.remove(path)
@@ -365,6 +419,7 @@ def drop_scratch_dbs(system: str) -> str:
         capture_output=True,
         text=True,
         cwd=PEERS,
+        env=helper_env(database),
     )
     return out.stdout.strip() or out.stderr.strip()
 
@@ -386,7 +441,10 @@ def machine_info(systems: Sequence[str], args: argparse.Namespace) -> dict[str, 
         capture_output=True,
         text=True,
         cwd=PEERS,
+        env=helper_env(args.database),
     ).stdout.strip()
+    # Records of PostgreSQL runs keep the key they always had.
+    database = {"postgresql": server} if args.database == "postgresql" else {"mariadb": server}
     git = subprocess.run(
         ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=REPO
     ).stdout.strip()
@@ -397,9 +455,9 @@ def machine_info(systems: Sequence[str], args: argparse.Namespace) -> dict[str, 
         "cpu": cpu,
         "ram_gib": round(mem_kb / 1024 / 1024, 1),
         "kernel": platform.release(),
-        "postgresql": server,
+        **database,
         "django_jobs_commit": git,
-        "versions": {s: package_versions(s) for s in systems},
+        "versions": {s: package_versions(s, args.database) for s in systems},
         "options": {
             k: getattr(args, k)
             for k in ("rounds", "n", "concurrency", "lat_samples", "history", "rss_runs")
