@@ -22,7 +22,7 @@ from django.db import IntegrityError, connections, transaction
 from django.db.models import Exists, F, OuterRef, Q, Subquery
 from django.db.models.functions import Now
 
-from ..models import JobPool, JobRun, Status
+from ..models import JobPool, JobRun, JobStep, Status
 from . import runs, using, vendors
 from .leases import WorkerIds
 
@@ -256,6 +256,7 @@ def claim_two_statements(worker_id: uuid.UUID, picked: Any, limit: int) -> list[
                     started_at=Now(),
                     worker_ids=WorkerIds(worker_id),
                 )
+                with_steps = _with_steps([row["id"] for row in rows])
                 break
         else:
             return []
@@ -263,7 +264,14 @@ def claim_two_statements(worker_id: uuid.UUID, picked: Any, limit: int) -> list[
         vendors.of(connection).unlock_keys(connection)
     for row in rows:
         row["attempts"] += 1
-    return [Claim.from_row(row, token) for row in rows]
+    return [Claim.from_row(row, token, row["id"] in with_steps) for row in rows]
+
+
+def _with_steps(ids: list[int]) -> set[int]:
+    """Which of the runs ``ids`` have recorded steps: one query per claim, so that a
+    run's first execution needs none to find it has no steps to replay."""
+    steps = JobStep.objects.using(using()).filter(run_id__in=ids).order_by()
+    return set(steps.values_list("run_id", flat=True).distinct())
 
 
 def _locked(ids: list[int]) -> list[dict[str, Any]]:

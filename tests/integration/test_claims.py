@@ -13,7 +13,7 @@ from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
 
 from django_jobs import start_many, transitions
-from django_jobs.models import JobRun, Status, Worker, WorkerStatus
+from django_jobs.models import JobRun, JobStep, Status, Worker, WorkerStatus
 from django_jobs.storage import claiming, leases, workers
 from django_jobs.storage.claiming import Claim
 from tests.factories import JobRunFactory, RunningJobRunFactory, WorkerFactory
@@ -298,3 +298,15 @@ def test_a_worker_whose_runs_have_ended_can_be_deleted_and_they_forget_it() -> N
     worker.delete()
     done.refresh_from_db()
     assert done.claimed_by_id is None
+
+
+@pytest.mark.parametrize("how", ["claim_batch", "claim_two_statements"])
+def test_a_claim_says_which_runs_have_recorded_steps(how: str) -> None:
+    fresh, replayed = JobRunFactory(), JobRunFactory()
+    JobStep.objects.create(run=replayed, step_id="s", seq=1, status="completed", output=1)
+    worker = WorkerFactory()
+    if how == "claim_batch":
+        claims = claiming.claim_batch(worker.pk, None, 10)
+    else:
+        claims = claiming.claim_two_statements(worker.pk, claiming.candidates(None), 10)
+    assert {c.run_id: c.has_steps for c in claims} == {fresh.pk: False, replayed.pk: True}
