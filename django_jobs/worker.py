@@ -148,8 +148,16 @@ class JobWorker:
             self._register()
         try:
             self._start_watchman()
+            # A worker holds --concurrency + 2 connections: the slots', the control
+            # connection, and the listener's where the database wakes workers.
+            # Elsewhere that one is the completer's, whose writes would otherwise
+            # wait for the claims (several statements there) on the control one.
+            listens = vendors.of_alias(conf.get().DATABASE).listens
             self._completer = Completer(
-                record_handed_off, after_write=self._written, stop=self.hard_stop, control=control
+                record_handed_off,
+                after_write=self._written,
+                stop=self.hard_stop,
+                control=control if listens else None,
             )
             threads = [
                 start_thread(self._run_slot, f"django-jobs-slot-{i}")

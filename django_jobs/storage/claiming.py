@@ -256,7 +256,6 @@ def claim_two_statements(worker_id: uuid.UUID, picked: Any, limit: int) -> list[
                     started_at=Now(),
                     worker_ids=WorkerIds(worker_id),
                 )
-                with_steps = _with_steps([row["id"] for row in rows])
                 break
         else:
             return []
@@ -264,25 +263,21 @@ def claim_two_statements(worker_id: uuid.UUID, picked: Any, limit: int) -> list[
         vendors.of(connection).unlock_keys(connection)
     for row in rows:
         row["attempts"] += 1
-    return [Claim.from_row(row, token, row["id"] in with_steps) for row in rows]
-
-
-def _with_steps(ids: list[int]) -> set[int]:
-    """Which of the runs ``ids`` have recorded steps: one query per claim, so that a
-    run's first execution needs none to find it has no steps to replay."""
-    steps = JobStep.objects.using(using()).filter(run_id__in=ids).order_by()
-    return set(steps.values_list("run_id", flat=True).distinct())
+    return [Claim.from_row(row, token, row["has_steps"]) for row in rows]
 
 
 def _locked(ids: list[int]) -> list[dict[str, Any]]:
     """The rows of ``ids`` still pending, locked, in the order of ``ids``; the rows
-    other transactions hold are skipped."""
+    other transactions hold are skipped. Each says whether its run has recorded
+    steps, so that a first execution needs no query to learn it has none."""
+    steps = JobStep.objects.using(using()).filter(run_id=OuterRef("pk"))
     locked = (
         runs()
         .filter(pk__in=ids, status=Status.PENDING)
         .order_by()
         .select_for_update(skip_locked=True)
-        .values(*CLAIM_FIELDS)
+        .annotate(has_steps=Exists(steps))
+        .values(*CLAIM_FIELDS, "has_steps")
     )
     order = {run_id: n for n, run_id in enumerate(ids)}
     return sorted(locked, key=lambda row: order[row["id"]])
