@@ -83,6 +83,10 @@ def complete_many(items: list[tuple[Claim, Any]]) -> set[tuple[int, uuid.UUID]]:
     )
     if written is not None:
         return written
+    if len(items) == 1:
+        return {
+            (claim.run_id, claim.lease_token) for claim, output in items if complete(claim, output)
+        }
     # A statement per run, all committed at once: one commit, not one per run.
     with transaction.atomic(using=using()):
         return {

@@ -157,3 +157,26 @@ def test_migration_0002_goes_back_and_forth() -> None:
     finally:
         call_command("migrate", "django_jobs", verbosity=0)
     assert built <= _indexes()
+
+
+def test_completions_of_a_batch_are_written_where_their_lease_holds() -> None:
+    start_many("tests.noop", [{}, {}, {}])
+    worker = WorkerFactory()
+    first, second, third = claiming.claim_batch(worker.pk, None, 3)
+    # The third run was taken back and claimed again: its first lease is stale.
+    JobRun.objects.filter(pk=third.run_id).update(status=Status.PENDING, lease_token=None)
+    (again,) = claiming.claim_batch(worker.pk, None, 1)
+    written = leases.complete_many(
+        [(first, {"n": [1, {"ü": "😀"}]}), (second, None), (third, "late"), (again, "fresh")]
+    )
+    assert written == {
+        (first.run_id, first.lease_token),
+        (second.run_id, second.lease_token),
+        (again.run_id, again.lease_token),
+    }
+    stored = {run.pk: (run.status, run.output, run.lease_token) for run in JobRun.objects.all()}
+    assert stored == {
+        first.run_id: (Status.COMPLETED, {"n": [1, {"ü": "😀"}]}, None),
+        second.run_id: (Status.COMPLETED, None, None),
+        third.run_id: (Status.COMPLETED, "fresh", None),
+    }
