@@ -216,7 +216,7 @@ def _claim_in_one_statement(
 
 
 # How many times a claim reads again when every run it picked was taken by
-# another claim meanwhile (whose transaction lasts milliseconds).
+# another claim meanwhile.
 _REREADS = 3
 
 
@@ -229,18 +229,20 @@ def claim_two_statements(worker_id: uuid.UUID, picked: Any, limit: int) -> list[
     InnoDB locks every row such a statement reads, so a sort or a subquery there
     would lock rows the claim does not take. A run another claim took between
     the two reads is skipped (locked) or no longer pending; when that was every
-    run picked, the claim reads again, and then sees that claim's commit.
+    run picked, the claim reads again, passing over the runs it found taken.
     """
     token = uuid.uuid4()
     connection = connections[using()]
+    taken: list[int] = []  # picked, but locked by other claims: passed over when read again
     try:
         for _ in range(_REREADS):
             with transaction.atomic(using=using()):
-                ids = list(picked.values_list("id", flat=True)[:limit])
+                ids = list(picked.exclude(pk__in=taken).values_list("id", flat=True)[:limit])
                 if not ids:
                     return []
                 rows = _locked(ids)
                 if not rows:
+                    taken += ids
                     continue
                 rows = one_per_key(rows)
                 if not rows:

@@ -126,6 +126,35 @@ def test_claim_is_served_by_the_partial_index() -> None:
     assert "django_jobs_run_claim" in plan
 
 
+def test_a_claim_passes_over_the_runs_another_claim_holds_even_when_they_are_all_it_picked() -> (
+    None
+):
+    worker_a, worker_b = WorkerFactory(), WorkerFactory()
+    start_many("tests.noop", [{} for _ in range(10)])
+    a_claimed, b_done = threading.Event(), threading.Event()
+    result: dict[str, list[int]] = {}
+
+    def claimer_a() -> None:
+        # Holds the first four runs in claim order, uncommitted, while B claims four.
+        with transaction.atomic():
+            result["a"] = [c.run_id for c in claiming.claim_batch(worker_a.pk, ["default"], 4)]
+            a_claimed.set()
+            assert b_done.wait(10)
+
+    def claimer_b() -> None:
+        assert a_claimed.wait(10)
+        result["b"] = [c.run_id for c in claiming.claim_batch(worker_b.pk, ["default"], 4)]
+        b_done.set()
+
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(in_thread(claimer_a)), pool.submit(in_thread(claimer_b))]
+        for future in futures:
+            future.result(timeout=20)
+    assert len(result["a"]) == 4
+    assert len(result["b"]) == 4
+    assert not set(result["a"]) & set(result["b"])
+
+
 def fenced_claim() -> tuple[Claim, JobRun]:
     worker = WorkerFactory()
     JobRunFactory()
