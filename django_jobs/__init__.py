@@ -8,6 +8,10 @@ __all__ = [
     "JobContext",
     "RetryPolicy",
     "Schedule",
+    "acancel",
+    "aretry",
+    "astart",
+    "astart_many",
     "cancel",
     "job",
     "retry",
@@ -16,13 +20,17 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from .api import cancel, retry, start, start_many
+    from .api import acancel, aretry, astart, astart_many, cancel, retry, start, start_many
     from .backoff import RetryPolicy
     from .context import JobContext
     from .registry import job
     from .schedules import Schedule
 
 _LAZY = {
+    "acancel": "api",
+    "aretry": "api",
+    "astart": "api",
+    "astart_many": "api",
     "cancel": "api",
     "retry": "api",
     "start": "api",

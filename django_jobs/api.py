@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.db import IntegrityError, connections, transaction
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -197,6 +198,43 @@ def run_now(run_id: int, *, tenant_id: str | None = None) -> bool:
         return bool(changed)
 
 
+# --- the async forms ---------------------------------------------------------------
+#
+# Each runs its synchronous form through sync_to_async(thread_sensitive=True),
+# on the thread where Django runs the request's synchronous database work (the
+# async ORM's too), so on the same connection. An async function cannot hold a
+# transaction open across awaits: each call commits on its own, unless it is
+# made from inside a synchronous function that opened one (docs/api.md).
+
+
+async def astart(job_type: str, input: Any = None, **options: Any) -> JobRun:
+    """``start`` for async code: the same options, the same run."""
+    return await sync_to_async(start, thread_sensitive=True)(job_type, input, **options)
+
+
+async def astart_many(job_type: str, inputs: Iterable[Any], **options: Any) -> list[JobRun]:
+    """``start_many`` for async code."""
+    # A generator is consumed here, before the call leaves this thread.
+    items = list(inputs)
+    return await sync_to_async(start_many, thread_sensitive=True)(job_type, items, **options)
+
+
+async def acancel(
+    run_id: int, *, cascade: bool = True, reason: str = "", tenant_id: str | None = None
+) -> int:
+    """``cancel`` for async code."""
+    return await sync_to_async(cancel, thread_sensitive=True)(
+        run_id, cascade=cascade, reason=reason, tenant_id=tenant_id
+    )
+
+
+async def aretry(run_id: int, *, reset_steps: bool = False, tenant_id: str | None = None) -> JobRun:
+    """``retry`` for async code."""
+    return await sync_to_async(retry, thread_sensitive=True)(
+        run_id, reset_steps=reset_steps, tenant_id=tenant_id
+    )
+
+
 def _build(
     handler: JobHandler,
     input: Any,
@@ -360,6 +398,6 @@ def _refuse_event_loop(name: str) -> None:
         return
     raise SyncOnlyCall(
         f"django_jobs.{name}() was called from async code (an event loop is running in "
-        f"this thread); it writes to the database synchronously: call it as "
-        f"`await sync_to_async({name})(...)` (from asgiref.sync import sync_to_async)"
+        f"this thread); it writes to the database synchronously: call "
+        f"`await django_jobs.a{name}(...)` instead"
     )

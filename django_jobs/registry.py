@@ -67,6 +67,18 @@ class JobHandler:
 
         return start_many(self.job_type, inputs, **options)
 
+    async def astart(self, input: Any = None, **options: Any) -> JobRun:
+        """``start`` for async code (``django_jobs.astart``)."""
+        from .api import astart
+
+        return await astart(self.job_type, input, **options)
+
+    async def astart_many(self, inputs: Iterable[Any], **options: Any) -> list[JobRun]:
+        """``start_many`` for async code (``django_jobs.astart_many``)."""
+        from .api import astart_many
+
+        return await astart_many(self.job_type, inputs, **options)
+
     def retryable(self, exc: BaseException) -> bool:
         """Whether another attempt might cure ``exc``: what a run's error and a
         failed step's error both record as ``retryable``.
