@@ -265,7 +265,7 @@ def claim_two_statements(worker_id: uuid.UUID, picked: Any, limit: int) -> list[
         vendors.of(connection).unlock_keys(connection)
     for row in rows:
         row["attempts"] += 1
-    return [Claim.from_row(row, token, row["has_steps"]) for row in rows]
+    return [Claim.from_row(row, token, bool(row["has_steps"])) for row in rows]
 
 
 def _locked(ids: list[int]) -> list[dict[str, Any]]:
