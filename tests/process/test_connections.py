@@ -26,28 +26,25 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.process]
 StartWorker = Callable[..., WorkerProcess]
 
 
-def session_id() -> int:
-    """This thread's session on the test database (MySQL and MariaDB)."""
+def session_ids() -> set[int]:
+    """The sessions open on the test database now (MySQL and MariaDB)."""
     with connections["default"].cursor() as cursor:
-        cursor.execute("SELECT CONNECTION_ID()")
-        return int(cursor.fetchone()[0])
+        cursor.execute("SELECT id FROM information_schema.processlist WHERE db = DATABASE()")
+        return {int(row[0]) for row in cursor.fetchall()}
 
 
-def sessions(name: str, ours: int | None) -> int:
-    """The worker's sessions: those named ``name`` (PostgreSQL), or every session of
-    the test database but this test's two, ``ours`` and the one asking (MySQL and
+def sessions(name: str, before: set[int]) -> int:
+    """The worker's sessions: those named ``name`` (PostgreSQL), or the sessions of
+    the test database opened since ``before`` but the one asking (MySQL and
     MariaDB name no session)."""
     with connections["default"].cursor() as cursor:
         if connections["default"].vendor == "mysql":
             cursor.execute(
-                "SELECT count(*) FROM information_schema.processlist "
-                "WHERE db = DATABASE() AND id <> CONNECTION_ID() AND id <> %s",
-                [ours],
+                "SELECT id FROM information_schema.processlist "
+                "WHERE db = DATABASE() AND id <> CONNECTION_ID()"
             )
-        else:
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [name]
-            )
+            return len({int(row[0]) for row in cursor.fetchall()} - before)
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [name])
         return int(cursor.fetchone()[0])
 
 
@@ -67,6 +64,7 @@ def test_a_worker_holds_its_concurrency_plus_two_connections(
     start_many("tests.flaky", [{}] * 5)
     start_many("tests.slow", [{}] * 3)
     doomed = start("tests.sleep", {"seconds": 5})
+    before = session_ids() if connections["default"].vendor == "mysql" else set()
     worker = start_worker(
         "--pool",
         "default",
@@ -78,12 +76,11 @@ def test_a_worker_holds_its_concurrency_plus_two_connections(
         DJANGO_JOBS_CANCEL_GRACE="1",
     )
     peak, done = 0, threading.Event()
-    ours = session_id() if connections["default"].vendor == "mysql" else None
 
     def sample() -> None:
         nonlocal peak
         while not done.is_set():
-            peak = max(peak, sessions(name, ours))
+            peak = max(peak, sessions(name, before))
             done.wait(0.01)
         connections.close_all()
 
