@@ -2,8 +2,8 @@
 
 Both have ``SKIP LOCKED`` (MySQL 8.0.1, MariaDB 10.6), which the claim needs.
 Neither has ``UPDATE ... RETURNING``, partial indexes nor LISTEN: runs are
-claimed in two statements (``claiming.claim_two_statements``), the keys' unique
-indexes are over generated columns (migration 0002), and idle workers poll.
+claimed in several statements (``claiming.claim_two_statements``), the keys'
+unique indexes are over generated columns (migration 0002), and idle workers poll.
 
 Where the two differ, the difference is here: MariaDB has ``INSERT ...
 RETURNING`` (so Django's ``bulk_create`` returns the new ids) and MySQL has
