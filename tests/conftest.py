@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from asgiref.sync import sync_to_async
+from django.db import connections
 
 from tests.helpers import WorkerProcess, worker_env
 
@@ -21,6 +24,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if marker is not None:
             reason = marker.kwargs.get("reason") or (marker.args[0] if marker.args else "")
             item.add_marker(pytest.mark.skip(reason=f"PostgreSQL only: {reason}"))
+
+
+@pytest.fixture(autouse=True)
+def close_async_connections() -> Iterator[None]:
+    """Close the connections of asgiref's thread for sync work after each test.
+
+    ``astart()`` and the other a-forms, like Django's async ORM, run there; from
+    ``asyncio.run()`` in a test (not a request, whose end closes them) its
+    connection would outlive the test, and the test database could not be dropped.
+    """
+    yield
+    asyncio.run(sync_to_async(connections.close_all, thread_sensitive=True)())
 
 
 @pytest.fixture
