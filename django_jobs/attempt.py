@@ -8,12 +8,28 @@ façade over its attempt.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from asgiref.sync import sync_to_async
 
 from .exceptions import UnknownJobType
 from .registry import JobHandler, get_handler
 from .storage.claiming import Claim
+
+# Runs a sync function with a database connection, for an async handler's
+# context: ``await run_sync(fn, *args, **kwargs)``.
+SyncRunner = Callable[..., Awaitable[Any]]
+
+
+def thread_sensitive(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Awaitable[Any]:
+    """``fn(*args)`` where Django runs sync code for async code: the thread of an
+    enclosing ``async_to_sync`` (a worker's slot, ``drain()``), else its one sync thread."""
+    return sync_to_async(fn, thread_sensitive=True)(*args, **kwargs)
 
 
 class Attempt:
@@ -35,6 +51,12 @@ class Attempt:
         # run over the handler's head (timeout, ignored cancel). First come owns it.
         self._outcome_lock = threading.Lock()
         self._outcome_owner: str | None = None
+        # An async handler's: where its context's database work runs (the
+        # worker's database threads on its event loop), and its task once started.
+        self.run_sync: SyncRunner = thread_sensitive
+        self._task: asyncio.Task[Any] | None = None
+        self._task_loop: asyncio.AbstractEventLoop | None = None
+        self.task_stopped = False  # the worker canceled the handler's task
 
     @classmethod
     def of(cls, claim: Claim) -> Attempt:
@@ -48,6 +70,11 @@ class Attempt:
     @property
     def run_id(self) -> int:
         return self.claim.run_id
+
+    @property
+    def is_async(self) -> bool:
+        """Whether the handler is an ``async def`` function."""
+        return self.handler is not None and self.handler.is_async
 
     def __repr__(self) -> str:
         return f"<Attempt run={self.claim.run_id} attempt={self.claim.attempt}>"
@@ -85,6 +112,23 @@ class Attempt:
             if self._outcome_owner is None:
                 self._outcome_owner = "handler"
             return self._outcome_owner == "handler"
+
+    # --- an async handler's task -------------------------------------------------
+
+    def bind_task(self) -> None:
+        """Async handler: remember the task running it, so that the worker can stop it."""
+        self._task = asyncio.current_task()
+        self._task_loop = asyncio.get_running_loop()
+
+    def stop_task(self) -> None:
+        """Worker, any thread: cancel the async handler's task (a timeout, an ignored
+        cancel, a release at shutdown), so that it stops at its next ``await``."""
+        task, loop = self._task, self._task_loop
+        if task is None or loop is None or task.done():
+            return
+        self.task_stopped = True
+        with contextlib.suppress(RuntimeError):  # a closed loop: the task went with it
+            loop.call_soon_threadsafe(task.cancel)
 
     def past_deadline(self) -> bool:
         return self.deadline is not None and time.monotonic() > self.deadline

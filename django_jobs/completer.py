@@ -115,6 +115,11 @@ class Completer:
             return None
         return bool(complete_many([(claim, output)]))
 
+    def try_hand_off(self, claim: Claim, output: Any, duration: float) -> bool:
+        """``hand_off`` that never writes itself (for the event loop's thread): False
+        once the completer is closed, and the caller writes the run as any other."""
+        return self._add(_Pending(claim, output, done=None, duration=duration))
+
     def close(self) -> None:
         """Write what is gathered, then stop (pending callers get their results)."""
         with self._lock:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 import logging
 import math
@@ -11,6 +13,7 @@ from datetime import datetime, timedelta
 from functools import cached_property
 from typing import Any
 
+from asgiref.sync import async_to_sync, sync_to_async
 from django.db import DatabaseError, connections, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -103,7 +106,9 @@ class JobContext:
     (1 for the first). Work that must not be repeated on a later attempt goes in
     ``ctx.step()``; ``ctx.spawn_child()``, ``ctx.wait_for()`` and ``ctx.sleep()``
     start children and wait without holding a worker slot; long loops call
-    ``ctx.check_cancel()`` and may report ``ctx.set_progress()``.
+    ``ctx.check_cancel()`` and may report ``ctx.set_progress()``. An ``async def``
+    handler awaits the async forms instead: ``astep``, ``aspawn_child``,
+    ``await_for``, ``asleep``, ``aset_progress``.
     """
 
     def __init__(self, attempt: Attempt) -> None:
@@ -162,6 +167,23 @@ class JobContext:
         handler returns. An attempt that ends without ending the run (a retry,
         a rescue, a release at shutdown) clears the run's progress.
         """
+        self._sync_only("set_progress")
+        due = self._progress_due(done, total, message)
+        if due is not None:
+            self._write_progress(*due)
+
+    async def aset_progress(
+        self, done: float, total: float | None = None, message: str = ""
+    ) -> None:
+        """``set_progress`` for an ``async def`` handler."""
+        due = self._progress_due(done, total, message)
+        if due is not None:
+            await self._attempt.run_sync(self._write_progress, *due)
+
+    def _progress_due(
+        self, done: Any, total: Any, message: Any
+    ) -> tuple[dict[str, Any], float] | None:
+        """The progress to write now, or None when the throttle holds it back."""
         progress = progress_record(done, total, message)
         now = time.monotonic()
         last = self._progress_written
@@ -171,13 +193,18 @@ class JobContext:
             or (total is not None and done >= total)
         ):
             self._progress_pending = progress
-            return
-        self._write_progress(progress, now)
+            return None
+        return progress, now
 
     def flush_progress(self) -> None:
         """Write the progress value the throttle held back, if any."""
         if self._progress_pending is not None:
             self._write_progress(self._progress_pending, time.monotonic())
+
+    async def aflush_progress(self) -> None:
+        """``flush_progress`` for an async handler (no thread is asked when nothing waits)."""
+        if self._progress_pending is not None:
+            await self._attempt.run_sync(self.flush_progress)
 
     def _write_progress(self, progress: dict[str, Any], now: float) -> None:
         self._progress_pending = None
@@ -196,6 +223,7 @@ class JobContext:
         (``send``, ``send#2``, ...). ``atomic=True`` runs ``fn`` and records its
         output in one transaction: exactly once for writes to the jobs database.
         """
+        self._sync_only("step")
         key, seq = self._next(step_id)
         recorded = self._recorded(key)
         if recorded is not None:
@@ -247,22 +275,24 @@ class JobContext:
         except (Suspended, LeaseLost):
             raise
         except BaseException as exc:
-            # Recorded as the run's own error will be, should it be this one.
-            handler = self._attempt.handler
-            retryable = handler is not None and handler.retryable(exc)
-            error = error_record(exc, self.attempt, retryable=retryable)
-            try:
-                steps.record(self._claim, key, seq, error=error, started_at=started)
-            except DatabaseError as db_error:
-                # The step's own exception is the one that matters; the run's
-                # error records it either way.
-                self.logger.warning("step=%s failure not recorded: %s", key, db_error)
+            self._record_failure(key, seq, exc, started)
             raise
         if not atomic:
             self._record(key, seq, output_json=text, started_at=started)
         assert self._steps is not None
         self._steps[key] = {"step_id": key, "status": "completed", "output": output}
         return output
+
+    def _record_failure(self, key: str, seq: int, exc: BaseException, started: datetime) -> None:
+        """Record that the step raised ``exc``, as the run's own error will be, should it
+        be this one; a database error here is logged (the step's exception matters)."""
+        handler = self._attempt.handler
+        retryable = handler is not None and handler.retryable(exc)
+        error = error_record(exc, self.attempt, retryable=retryable)
+        try:
+            steps.record(self._claim, key, seq, error=error, started_at=started)
+        except DatabaseError as db_error:
+            self.logger.warning("step=%s failure not recorded: %s", key, db_error)
 
     def _validated(self, key: str, value: Any) -> tuple[Any, str]:
         """The step's output as it will be stored, and its JSON text."""
@@ -291,27 +321,37 @@ class JobContext:
         concurrency_key: str | None = None,
     ) -> JobRun:
         """Start a child run, once: a replay returns the same child, never a second one."""
+        self._sync_only("spawn_child")
+        create = self._child_maker(
+            job_type,
+            input,
+            close_policy=close_policy,
+            run_at=run_at,
+            priority=priority,
+            tags=tags,
+            pool=pool,
+            concurrency_key=concurrency_key,
+        )
+        recorded = self.step(f"spawn:{job_type}", create, atomic=True)
+        return self._child(recorded["run_id"])
+
+    def _child_maker(
+        self, job_type: str, input: Any, *, close_policy: str, **options: Any
+    ) -> Callable[[], dict[str, int]]:
+        """The step function that starts the child (in the step's transaction)."""
         if close_policy not in ClosePolicy.values:
             raise ValueError(
                 f"close_policy must be one of {ClosePolicy.values}, got {close_policy!r}"
             )
 
         def create() -> dict[str, int]:
-            child = api.start_child(
-                self.run,
-                job_type,
-                input,
-                close_policy=close_policy,
-                run_at=run_at,
-                priority=priority,
-                tags=tags,
-                pool=pool,
-                concurrency_key=concurrency_key,
-            )
+            child = api.start_child(self.run, job_type, input, close_policy=close_policy, **options)
             return {"run_id": child.pk}
 
-        recorded = self.step(f"spawn:{job_type}", create, atomic=True)
-        return JobRun.objects.using(conf.get().DATABASE).get(pk=recorded["run_id"])
+        return create
+
+    def _child(self, run_id: int) -> JobRun:
+        return JobRun.objects.using(conf.get().DATABASE).get(pk=run_id)
 
     def wait_for(self, runs: Iterable[JobRun | int]) -> list[Any]:
         """Return the outputs of ``runs`` (children of this run) once all have ended.
@@ -321,9 +361,18 @@ class JobContext:
         child that failed, timed out or was canceled raises ``ChildRunFailed``,
         ``ChildRunTimedOut`` or ``ChildRunCanceled``.
         """
-        ids = [run.pk if isinstance(run, JobRun) else int(run) for run in runs]
-        rows = {
-            row["id"]: row
+        self._sync_only("wait_for")
+        ids = _run_ids(runs)
+        rows = self._child_rows(ids)
+        if self._unfinished(rows):
+            self._record_wait(transitions.suspend_for, ids)
+            raise Suspended(f"run {self.run_id} waits for {len(ids)} runs")
+        return self._outputs(ids, rows)
+
+    def _child_rows(self, ids: list[int]) -> dict[int, dict[str, Any]]:
+        """The rows of ``ids``; raises unless every one is a child of this run."""
+        rows: dict[int, dict[str, Any]] = {
+            row["id"]: dict(row)
             for row in JobRun.objects.using(conf.get().DATABASE)
             .filter(pk__in=ids)
             .values("id", "status", "output", "error", "parent_id")
@@ -331,9 +380,15 @@ class JobContext:
         strangers = [i for i in ids if i not in rows or rows[i]["parent_id"] != self.run_id]
         if strangers:
             raise ValueError(f"wait_for() takes children of run {self.run_id}; not: {strangers}")
-        if any(row["status"] not in FINISHED_STATUSES for row in rows.values()):
-            self._record_wait(transitions.suspend_for, ids)
-            raise Suspended(f"run {self.run_id} waits for {len(ids)} runs")
+        return rows
+
+    @staticmethod
+    def _unfinished(rows: dict[int, dict[str, Any]]) -> bool:
+        return any(row["status"] not in FINISHED_STATUSES for row in rows.values())
+
+    @staticmethod
+    def _outputs(ids: list[int], rows: dict[int, dict[str, Any]]) -> list[Any]:
+        """The children's outputs, in the order asked; a child that did not complete raises."""
         for run_id in ids:
             row = rows[run_id]
             if row["status"] in CHILD_ERRORS:
@@ -345,13 +400,10 @@ class JobContext:
 
     def sleep(self, step_id: str, duration: float | timedelta) -> None:
         """Wait ``duration`` without holding a worker slot; resume with steps replayed."""
+        self._sync_only("sleep")
         seconds = conf.to_seconds(duration)
-        wake = self.step(
-            f"sleep:{step_id}",
-            lambda: {"until": timezone.now() + timedelta(seconds=seconds)},
-        )
-        until = parse_datetime(wake["until"])
-        assert until is not None
+        wake = self.step(f"sleep:{step_id}", lambda: _wake_at(seconds))
+        until = _until(wake)
         if until <= timezone.now():
             return
         self._record_wait(transitions.suspend_until, until)
@@ -377,3 +429,164 @@ class JobContext:
             self.check_cancel()
         if outcome == transitions.LOST:
             raise LeaseLost(f"run {self.run_id} is no longer held by this worker")
+
+    # --- async forms, for async def handlers ---------------------------------------
+    #
+    # The same records and rules as the sync names: what touches the database
+    # runs through the attempt's ``run_sync`` (on a worker, one of its database
+    # threads; under ``drain()``, the caller's thread), the handler's own code on
+    # the event loop.
+
+    async def astep(self, step_id: str, fn: Callable[[], Any], *, atomic: bool = False) -> Any:
+        """``step`` for an ``async def`` handler: ``fn`` is an async function, or a
+        function (its result awaited when it returns an awaitable).
+
+        A plain function runs where Django runs sync code for async code
+        (``sync_to_async``), so it may use the ORM. ``atomic=True`` runs ``fn`` and
+        records its output in one transaction on one of the worker's database
+        threads, which it holds until ``fn`` returns; an async ``fn``'s ORM calls
+        join that transaction.
+        """
+        key, seq = self._next(step_id)
+        run_sync = self._attempt.run_sync
+        if self._steps is None and self._claim.has_steps is not False:
+            await run_sync(self._load_steps)
+        recorded = self._recorded(key)
+        if recorded is not None:
+            return recorded["output"]
+        self.check_cancel()
+        if atomic:
+            output = await run_sync(self._run_step, key, seq, _blocking(fn), True)
+        else:
+            output = await self._arun_step(key, seq, fn)
+        await self.aflush_progress()
+        if step_completed.receivers:
+            await run_sync(self._step_completed, key, output)
+        self.check_cancel()
+        return output
+
+    async def aspawn_child(
+        self,
+        job_type: str,
+        input: Any = None,
+        *,
+        close_policy: str = ClosePolicy.TERMINATE,
+        run_at: datetime | None = None,
+        priority: int | None = None,
+        tags: Sequence[str] = (),
+        pool: str | None = None,
+        concurrency_key: str | None = None,
+    ) -> JobRun:
+        """``spawn_child`` for an ``async def`` handler: started once, in a step."""
+        create = self._child_maker(
+            job_type,
+            input,
+            close_policy=close_policy,
+            run_at=run_at,
+            priority=priority,
+            tags=tags,
+            pool=pool,
+            concurrency_key=concurrency_key,
+        )
+        recorded = await self.astep(f"spawn:{job_type}", create, atomic=True)
+        child: JobRun = await self._attempt.run_sync(self._child, recorded["run_id"])
+        return child
+
+    async def await_for(self, runs: Iterable[JobRun | int]) -> list[Any]:
+        """``wait_for`` for an ``async def`` handler: the children's outputs once all
+        have ended; until then the run waits without a slot (the task ends here)."""
+        ids = _run_ids(runs)
+        run_sync = self._attempt.run_sync
+        rows = await run_sync(self._child_rows, ids)
+        if self._unfinished(rows):
+            await run_sync(self._record_wait, transitions.suspend_for, ids)
+            raise Suspended(f"run {self.run_id} waits for {len(ids)} runs")
+        return self._outputs(ids, rows)
+
+    async def asleep(self, step_id: str, duration: float | timedelta) -> None:
+        """``sleep`` for an ``async def`` handler: a durable sleep, not ``asyncio.sleep``;
+        the run gives up its slot and is run again (steps replayed) when it is over."""
+        seconds = conf.to_seconds(duration)
+
+        async def wake_at() -> dict[str, datetime]:
+            return _wake_at(seconds)
+
+        until = _until(await self.astep(f"sleep:{step_id}", wake_at))
+        if until <= timezone.now():
+            return
+        await self._attempt.run_sync(self._record_wait, transitions.suspend_until, until)
+        raise Suspended(f"run {self.run_id} sleeps until {until.isoformat()}")
+
+    async def _arun_step(self, key: str, seq: int, fn: Callable[[], Any]) -> Any:
+        run_sync = self._attempt.run_sync
+        started = timezone.now()
+        try:
+            if inspect.iscoroutinefunction(fn):
+                value = await fn()
+            else:
+                value = await sync_to_async(fn, thread_sensitive=True)()
+            if inspect.isawaitable(value):
+                value = await value
+            output, text = self._validated(key, value)
+        except (Suspended, LeaseLost, asyncio.CancelledError):
+            raise
+        except BaseException as exc:
+            await run_sync(self._record_failure, key, seq, exc, started)
+            raise
+        await run_sync(self._record, key, seq, output_json=text, started_at=started)
+        assert self._steps is not None
+        self._steps[key] = {"step_id": key, "status": "completed", "output": output}
+        return output
+
+    def _load_steps(self) -> None:
+        self._steps = steps.load(self.run_id)
+
+    def _step_completed(self, key: str, output: Any) -> None:
+        step_completed.send_robust(
+            JobRun, run_id=self.run_id, job_type=self.job_type, step_id=key, output=output
+        )
+
+    def _sync_only(self, name: str) -> None:
+        """Refuse a sync durable operation in an ``async def`` handler, naming its async form
+        (it would block the event loop, and Django refuses database work there)."""
+        if self._attempt.is_async:
+            forms = {"wait_for": "await_for"}
+            form = forms.get(name, f"a{name}")
+            raise TypeError(
+                f"ctx.{name}() is for def handlers; in an async def handler, await ctx.{form}(...)"
+            )
+
+
+def _run_ids(runs: Iterable[JobRun | int]) -> list[int]:
+    return [run.pk if isinstance(run, JobRun) else int(run) for run in runs]
+
+
+def _wake_at(seconds: float) -> dict[str, datetime]:
+    return {"until": timezone.now() + timedelta(seconds=seconds)}
+
+
+def _until(wake: dict[str, Any]) -> datetime:
+    until = parse_datetime(wake["until"])
+    assert until is not None
+    return until
+
+
+def _blocking(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` as a plain function for a database thread (an atomic async step): an
+    async ``fn``, or an awaitable it returns, is run to its end under
+    ``async_to_sync``, whose ORM calls come back to that thread, in its transaction."""
+    if inspect.iscoroutinefunction(fn):
+        return async_to_sync(fn)
+
+    def call() -> Any:
+        value = fn()
+        if inspect.isawaitable(value):
+            awaitable = value
+
+            async def wait() -> Any:
+                return await awaitable
+
+            return async_to_sync(wait)()
+        return value
+
+    return call

@@ -16,15 +16,18 @@ logged by the completer, through ``record_handed_off``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from asgiref.sync import async_to_sync
 from django.db import DatabaseError, InterfaceError, OperationalError
 from django.db.models.functions import Now
 from django.dispatch import Signal
@@ -147,34 +150,56 @@ def decide(attempt: Attempt) -> Decision:
 
 
 def _run_handler(handler: JobHandler, attempt: Attempt) -> Decision:
+    ctx = _begin(handler, attempt)
+    try:
+        with _span(attempt):
+            result = _call(handler, ctx, attempt)
+    except BaseException as exc:  # a handler's SystemExit finishes its run, not the worker
+        return _raised(handler, attempt, exc)
+    return _returned(handler, attempt, result)
+
+
+def _begin(handler: JobHandler, attempt: Attempt) -> JobContext:
+    """Announce the attempt and make the handler's context (on a thread with a connection)."""
     claim = attempt.claim
     signals.run_started.send_robust(
         JobRun, run_id=claim.run_id, job_type=handler.job_type, attempt=claim.attempt
     )
     attempt.atomic_depth = len(jobs_connection().atomic_blocks)
-    ctx = JobContext(attempt)
-    try:
-        with tracing.run_span(
-            claim.run_id, claim.job_type, claim.pool, claim.attempt, (Suspended, LeaseLost)
-        ):
-            result = _call(handler, ctx)
-    except Suspended:
+    return JobContext(attempt)
+
+
+def _span(attempt: Attempt) -> AbstractContextManager[None]:
+    claim = attempt.claim
+    return tracing.run_span(
+        claim.run_id, claim.job_type, claim.pool, claim.attempt, (Suspended, LeaseLost)
+    )
+
+
+def _raised(handler: JobHandler, attempt: Attempt, exc: BaseException) -> Decision:
+    """What an attempt whose handler raised ``exc`` came to."""
+    claim = attempt.claim
+    if isinstance(exc, Suspended):
         return Decision(Outcome.WAITING)
-    except LeaseLost:
+    if isinstance(exc, LeaseLost):
         return Decision(Outcome.LOST)
-    except BaseException as exc:  # a handler's SystemExit finishes its run, not the worker
-        if not attempt.own_outcome():
-            # The worker finished the run over the handler's head (its timeout, an
-            # ignored cancel) and records that: the JobCanceled it raised in the
-            # handler is not a cancel of its own.
-            return Decision(Outcome.LOST)
-        if attempt.past_deadline():
-            return timed_out(handler, claim)
-        if isinstance(exc, JobCanceled):
-            return canceled(claim, str(exc) or "the handler raised JobCanceled")
-        if not handler.retryable(exc):
-            return _not_retryable(claim, exc)
-        return failed_attempt(handler, claim, exc)
+    if not attempt.own_outcome():
+        # The worker finished the run over the handler's head (its timeout, an
+        # ignored cancel) and records that: the JobCanceled it raised in the
+        # handler is not a cancel of its own.
+        return Decision(Outcome.LOST)
+    if attempt.past_deadline():
+        return timed_out(handler, claim)
+    if isinstance(exc, JobCanceled):
+        return canceled(claim, str(exc) or "the handler raised JobCanceled")
+    if not handler.retryable(exc):
+        return _not_retryable(claim, exc)
+    return failed_attempt(handler, claim, exc)
+
+
+def _returned(handler: JobHandler, attempt: Attempt, result: Any) -> Decision:
+    """What an attempt whose handler returned ``result`` came to."""
+    claim = attempt.claim
     if not attempt.own_outcome():
         return Decision(Outcome.LOST)
     if attempt.past_deadline():
@@ -188,13 +213,16 @@ def _run_handler(handler: JobHandler, attempt: Attempt) -> Decision:
     return Decision(Outcome.COMPLETED, output=output, may_hand_off=quiet)
 
 
-def _call(handler: JobHandler, ctx: JobContext) -> Any:
+def _call(handler: JobHandler, ctx: JobContext, attempt: Attempt) -> Any:
     """Call the handler, then write the progress its throttle held back.
 
     The progress is a report, not the outcome: failing to write it (the run
     was lost, the connection broke) is logged and leaves the outcome to the write
-    that follows.
+    that follows. An ``async def`` handler met here (``drain()``, a worker without
+    async slots) runs to its end under ``async_to_sync``, its database work on this thread.
     """
+    if handler.is_async:
+        return async_to_sync(_acall)(handler, ctx, attempt)
     try:
         return handler(ctx)
     finally:
@@ -202,6 +230,75 @@ def _call(handler: JobHandler, ctx: JobContext) -> Any:
             ctx.flush_progress()
         except (LeaseLost, DatabaseError) as exc:
             logger.warning("run=%s last progress not written: %s", ctx.run_id, exc)
+
+
+async def _acall(handler: JobHandler, ctx: JobContext, attempt: Attempt) -> Any:
+    """Await an async handler in a task the worker can cancel, then write the
+    progress its throttle held back."""
+    attempt.bind_task()
+    try:
+        return await handler.fn(ctx)
+    finally:
+        try:
+            await ctx.aflush_progress()
+        except (LeaseLost, DatabaseError) as exc:
+            logger.warning("run=%s last progress not written: %s", ctx.run_id, exc)
+
+
+# --- async handlers on the worker's event loop -----------------------------------------
+
+
+async def execute_async(
+    attempt: Attempt, *, stop: threading.Event, completer: Completer | None = None
+) -> Outcome:
+    """``execute`` for an async handler on the worker's event loop: the handler is
+    awaited there, its database work runs through ``attempt.run_sync``.
+
+    Raises ``asyncio.CancelledError`` when the worker stopped the task after it
+    took the outcome over (it records that) or gave the run back.
+    """
+    claim = attempt.claim
+    started = time.monotonic()
+    decision: Decision | None = None
+    try:
+        decision = await _decide_async(attempt)
+        if (
+            decision.may_hand_off
+            and claim.parent_id is None
+            and completer is not None
+            and completer.try_hand_off(claim, decision.output, time.monotonic() - started)
+        ):
+            return Outcome.HANDED_OFF
+        outcome: Outcome = await attempt.run_sync(record, claim, decision, stop, completer)
+    except Exception as exc:
+        logger.exception("run=%s could not be executed", claim.run_id)
+        outcome = await attempt.run_sync(record, claim, last_resort(claim, exc), stop)
+    late = outcome is Outcome.LOST and attempt.fenced_off
+    log_outcome(claim, outcome, time.monotonic() - started, decision, observe=not late)
+    return outcome
+
+
+async def _decide_async(attempt: Attempt) -> Decision:
+    claim = attempt.claim
+    handler = attempt.handler
+    assert handler is not None
+    assert handler.is_async
+    if claim.cancel_requested_at is not None:
+        return canceled(claim, "canceled before the attempt started")
+    if _listened(signals.run_started):
+        ctx = await attempt.run_sync(_begin, handler, attempt)
+    else:
+        ctx = JobContext(attempt)
+    try:
+        with _span(attempt):
+            result = await _acall(handler, ctx, attempt)
+    except asyncio.CancelledError as exc:
+        if attempt.task_stopped:
+            raise  # the worker's: it recorded the outcome, or gave the run back
+        return _raised(handler, attempt, exc)  # the handler's own, as any exception
+    except BaseException as exc:
+        return _raised(handler, attempt, exc)
+    return _returned(handler, attempt, result)
 
 
 def _listened(signal: Signal) -> bool:

@@ -53,6 +53,11 @@ class JobHandler:
     def __call__(self, ctx: JobContext) -> Any:
         return self.fn(ctx)
 
+    @property
+    def is_async(self) -> bool:
+        """Whether ``fn`` is an ``async def`` function: the worker runs it on its event loop."""
+        return inspect.iscoroutinefunction(self.fn)
+
     def start(self, input: Any = None, **options: Any) -> JobRun:
         """Enqueue a run of this job; the options are those of ``django_jobs.start``."""
         # The one import upward (see docs/architecture.md): a definition that can
@@ -132,6 +137,10 @@ def job(
     - ``schedule``: a cron string or a :class:`~django_jobs.Schedule`, to start a
       run at every tick.
 
+    ``fn`` may be an ``async def`` function: a worker runs it on its event loop
+    (``--async-concurrency`` of them at once), and its context's durable
+    operations are awaited (``await ctx.astep(...)``; see docs/async.md).
+
     The decorated name becomes a :class:`JobHandler`: call it with a context, or
     enqueue with its ``start()`` and ``start_many()``.
     """
@@ -158,12 +167,11 @@ def job(
         raise ValueError(f"a scheduled job type is at most {MAX_NAME} characters: {job_type!r}")
 
     def decorate(fn: HandlerFn) -> JobHandler:
-        if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
-            # Accepted, it would fail every run ("coroutine is not JSON serializable").
+        if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
+            # Accepted, it would fail every run (a generator is not JSON).
             raise TypeError(
-                f"@job({job_type!r}) decorates {fn.__qualname__}, an async def function: "
-                "async handlers are not supported yet. Write a plain def handler, and run "
-                "async code from it with asgiref.sync.async_to_sync."
+                f"@job({job_type!r}) decorates {fn.__qualname__}, a generator function: "
+                "a handler returns its output; write a def or an async def function"
             )
         handler = JobHandler(
             job_type=job_type,

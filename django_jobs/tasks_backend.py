@@ -20,8 +20,10 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from inspect import iscoroutinefunction
 from typing import TYPE_CHECKING, Any
 
+from asgiref.sync import sync_to_async
 from django.apps import apps
 from django.conf import settings
 from django.core import checks
@@ -284,32 +286,50 @@ def handler_for(task: AnyTask) -> JobHandler:
     timeout = getattr(task, "timeout", None)
 
     def run_task(ctx: Any) -> Any:
-        run = JobRun.objects.using(conf.get().DATABASE).get(pk=ctx.run_id)
-        backend = _backend_of(run)
-        result = backend.result_of(run)
-        task_started.send(type(backend), task_result=result)
-        current = result.task
-        if current.takes_context:
-            value = current.call(TaskContext(task_result=result), *result.args, **result.kwargs)
-        else:
-            value = current.call(*result.args, **result.kwargs)
-        try:
-            return normalize_json(value)
-        except (TypeError, ValueError) as exc:
-            # The error normalize_json raised, as Django's own backends record
-            # it; never retried, since running the task again returns the same.
-            never_retried(exc)
-            raise
+        current, result, call_args = _started(ctx.run_id)
+        return _returned(current.call(*call_args, **result.kwargs))
+
+    async def run_async_task(ctx: Any) -> Any:
+        # On a worker's event loop, many at once: the rows are read where Django
+        # runs sync code for async code, the task is awaited here.
+        started = sync_to_async(_started, thread_sensitive=True)
+        current, result, call_args = await started(ctx.run_id)
+        return _returned(await current.acall(*call_args, **result.kwargs))
 
     return JobHandler(
         job_type=job_type,
-        fn=run_task,
+        fn=run_async_task if iscoroutinefunction(task.func) else run_task,
         pool=task.queue_name,
         retry=getattr(task, "retry", None) or NO_RETRY,
         timeout=None if timeout is None else _seconds(timeout),
         priority=task.priority,
         on_end=_task_ended,
     )
+
+
+def _started(run_id: int) -> tuple[AnyTask, AnyResult, list[Any]]:
+    """Send ``task_started`` for the task's run; the task as enqueued, its result
+    and the positional arguments to call it with (its context first, if it takes one)."""
+    run = JobRun.objects.using(conf.get().DATABASE).get(pk=run_id)
+    backend = _backend_of(run)
+    result = backend.result_of(run)
+    task_started.send(type(backend), task_result=result)
+    current = result.task
+    call_args = list(result.args)
+    if current.takes_context:
+        call_args.insert(0, TaskContext(task_result=result))
+    return current, result, call_args
+
+
+def _returned(value: Any) -> Any:
+    """The task's return value as stored, as Django's own backends normalize it."""
+    try:
+        return normalize_json(value)
+    except (TypeError, ValueError) as exc:
+        # The error normalize_json raised, as Django's own backends record
+        # it; never retried, since running the task again returns the same.
+        never_retried(exc)
+        raise
 
 
 def _task_ended(run_id: int) -> None:
@@ -345,7 +365,7 @@ def resolve_task(job_type: str) -> JobHandler | None:
     forged ``this.s`` imports nothing). After the import, the path must name a
     ``Task`` by its own path.
     """
-    if "." not in job_type or not _configured():
+    if "." not in job_type or not configured():
         return None
     module = job_type.rpartition(".")[0]
     if module not in sys.modules and not _in_installed_app(module):
@@ -371,7 +391,7 @@ def _import_task(path: str) -> AnyTask | None:
     return task
 
 
-def _configured() -> bool:
+def configured() -> bool:
     """Whether ``settings.TASKS`` names a JobsBackend (or a subclass)."""
     for params in getattr(settings, "TASKS", {}).values():
         try:

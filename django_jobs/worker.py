@@ -27,8 +27,10 @@ from django.db.backends.signals import connection_created
 from . import conf, transitions, watchman
 from .attempt import Attempt
 from .completer import Completer
+from .eventloop import EventLoop
 from .execution import Outcome, canceled, execute, log_outcome, record, record_handed_off, timed_out
 from .models import WorkerStatus
+from .registry import all_handlers
 from .scheduler import Scheduler
 from .storage import leases, vendors, workers
 from .storage.claiming import Claim, claim_batch
@@ -43,6 +45,8 @@ T = TypeVar("T")
 EXIT_OK = 0
 EXIT_RELEASED = 1  # the drain ran out of time (or a second signal came): runs were released
 REPLAN = 60.0  # seconds a claim's server-side plan is kept at most
+# Async runs a worker runs at once on its event loop unless told (see docs/decisions.md).
+DEFAULT_ASYNC_CONCURRENCY = 100
 
 
 class JobWorker:
@@ -53,6 +57,7 @@ class JobWorker:
         pools: Sequence[str],
         *,
         concurrency: int = 1,
+        async_concurrency: int = DEFAULT_ASYNC_CONCURRENCY,
         burst: bool = False,
         max_runs: int | None = None,
         poll_interval: float | None = None,
@@ -61,10 +66,15 @@ class JobWorker:
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+        if async_concurrency < 0:
+            raise ValueError(f"async_concurrency must be at least 0, got {async_concurrency}")
         if not pools:
             raise ValueError("a worker needs at least one pool")
         self.pools = list(dict.fromkeys(pools))
         self.concurrency = concurrency
+        # Async runs at once on the event loop; with none, async handlers run in
+        # the threads (under async_to_sync), one per thread.
+        self.async_concurrency = async_concurrency
         self.burst = burst
         self.max_runs = max_runs
         self.scheduler = scheduler  # fire the schedules of this worker's pools
@@ -99,6 +109,13 @@ class JobWorker:
         # runs can be claimed again here, and both hold a slot until they return.
         self._in_flight: set[Attempt] = set()
         self._queue: queue.SimpleQueue[Attempt | None] = queue.SimpleQueue()
+        self._async_running = 0  # of _in_flight, the runs on the event loop
+        # The job types claimed for the event loop: the async @jobs, and the
+        # async tasks met so far (a task's kind is known once its module is imported).
+        self._async_types = frozenset(
+            job_type for job_type, handler in all_handlers().items() if handler.is_async
+        )
+        self._event_loop: EventLoop | None = None  # started by the first async run
         self.claimed = 0
         self.finished = 0
         # Created by run(): the connection the control threads share.
@@ -174,10 +191,11 @@ class JobWorker:
             self._abort_start()
             raise
         logger.info(
-            "worker=%s started pools=%s concurrency=%d",
+            "worker=%s started pools=%s concurrency=%d async_concurrency=%d",
             self.worker_id,
             ",".join(self.pools),
             self.concurrency,
+            self.async_concurrency,
         )
         try:
             self._claim_loop()
@@ -195,6 +213,8 @@ class JobWorker:
                 scheduling.join(timeout=5)
             if listener is not None:
                 listener.join(timeout=5)
+            if self._event_loop is not None:
+                self._event_loop.close()
             self._completer.close()
             self._quietly(workers.stop_worker, self.worker_id)
             control.release()
@@ -303,19 +323,15 @@ class JobWorker:
             if self.max_runs is not None and self.claimed >= self.max_runs:
                 return
             free = self._wait_for_free_slots()
-            if free == 0:
+            if not any(free):
                 continue
-            # Completions written after this point may free keys this claim missed.
-            writes = self._completer.writes
+            # Runs finished, and completions written, after this point may have
+            # scheduled retries or freed keys this claim missed.
+            writes, finished = self._completer.writes, self.finished
             try:
                 with self._shared():
                     try:
-                        batch = claim_batch(
-                            self.worker_id,  # type: ignore[arg-type]
-                            self.pools,
-                            free,
-                            plan=plan,
-                        )
+                        batch, short = self._claim(free, plan)
                     except DatabaseError:
                         discard_broken_connections()
                         raise
@@ -334,23 +350,74 @@ class JobWorker:
             if (batch and idle) or time.monotonic() - planned_at > REPLAN:
                 plan, planned_at = plan + 1, time.monotonic()
             idle = not batch
-            if len(batch) < free and self._idle_done(writes):
+            if short and self._idle_done(writes, finished):
                 return
 
-    def _wait_for_free_slots(self) -> int:
-        """Block until a slot is free (or the worker stops); return how many may be claimed."""
-        with self._slots:
-            while len(self._in_flight) >= self.concurrency and not self.stopping.is_set():
-                self._slots.wait(timeout=self.poll_interval)
-            free = self.concurrency - len(self._in_flight)
-        if self.max_runs is not None:
-            free = min(free, self.max_runs - self.claimed)
-        return 0 if self.stopping.is_set() else free
+    def _claim(self, free: tuple[int, int], plan: int) -> tuple[list[Claim], bool]:
+        """Claim for the free threads and the free async slots; and whether every
+        claim came back short (nothing more is due for now).
 
-    def _idle_done(self, writes: int) -> bool:
+        Async runs are claimed by job type, up to the free async slots; the
+        threads claim every other type. A run claimed by the threads that turns
+        out to be async (a task not met before) goes to the event loop all the same.
+        """
+        free_threads, free_async = free
+        left = math.inf if self.max_runs is None else self.max_runs - self.claimed
+        types = self._async_types if self.async_concurrency else frozenset()
+        batch: list[Claim] = []
+        short = True
+        if types and free_async and left > 0:
+            # Powers of two: a handful of claim statements, each prepared once.
+            limit = int(min(1 << (free_async.bit_length() - 1), left))
+            batch = claim_batch(
+                self.worker_id,  # type: ignore[arg-type]
+                self.pools,
+                limit,
+                plan=plan,
+                job_types=(True, types),
+            )
+            short = len(batch) < limit
+        free_threads = int(min(free_threads, left - len(batch)))
+        if free_threads > 0:
+            threads = claim_batch(
+                self.worker_id,  # type: ignore[arg-type]
+                self.pools,
+                free_threads,
+                plan=plan,
+                job_types=(False, types) if types else None,
+            )
+            batch += threads
+            short = short and len(threads) < free_threads
+        return batch, short
+
+    def _wait_for_free_slots(self) -> tuple[int, int]:
+        """Block until a thread or an async slot is free (or the worker stops); return
+        how many runs may be claimed for each."""
+        async_types = bool(self.async_concurrency and self._async_types)
+        with self._slots:
+            while not self.stopping.is_set():
+                threads, loop = self._free()
+                if threads or (loop and async_types):
+                    break
+                self._slots.wait(timeout=self.poll_interval)
+            threads, loop = self._free()
+        if not async_types:
+            loop = 0
+        return (0, 0) if self.stopping.is_set() else (threads, loop)
+
+    def _free(self) -> tuple[int, int]:
+        """Free threads and free async slots (under ``_slots``)."""
+        running = len(self._in_flight)
+        return (
+            max(0, self.concurrency - (running - self._async_running)),
+            max(0, self.async_concurrency - self._async_running),
+        )
+
+    def _idle_done(self, writes: int, finished: int) -> bool:
         """After a short claim: decide whether to stop (burst, max runs) or wait a poll interval.
 
-        ``writes`` is the completer's count of writes before the claim began.
+        ``writes`` is the completer's count of writes before the claim began,
+        ``finished`` the count of runs this worker had finished.
         """
         if self.max_runs is not None and self.claimed >= self.max_runs:
             return True
@@ -361,20 +428,42 @@ class JobWorker:
                     # schedule more or free a concurrency key: wait for it.
                     self._slots.wait(timeout=self.poll_interval)
                     return False
-                # Done, unless a completion landed since the claim began.
-                return self._completer.writes == writes
+                # Done, unless a run finished (a retry, a wake-up) or a completion
+                # landed since the claim began.
+                return self._completer.writes == writes and self.finished == finished
         self.wake.wait(self.poll_interval)
         self.wake.clear()
         return False
 
     def _dispatch(self, batch: list[Claim]) -> None:
         attempts = [Attempt.of(claim) for claim in batch]
+        on_loop = [a for a in attempts if self.async_concurrency and a.is_async]
         with self._slots:
             for attempt in attempts:
                 self._in_flight.add(attempt)
+            self._async_running += len(on_loop)
         self.claimed += len(batch)
+        if on_loop:
+            new = {a.claim.job_type for a in on_loop} - self._async_types
+            if new:
+                self._async_types |= new  # claimed for the loop from now on
+            if self._event_loop is None:
+                self._event_loop = EventLoop(self._completer, self.hard_stop, self._async_done)
+            for attempt in on_loop:
+                self._event_loop.submit(attempt)
         for attempt in attempts:
-            self._queue.put(attempt)
+            if not (self.async_concurrency and attempt.is_async):
+                self._queue.put(attempt)
+
+    def _async_done(self, attempt: Attempt, outcome: Outcome | None) -> None:
+        """The event loop's report that an async run's task is over."""
+        with self._slots:
+            self._in_flight.discard(attempt)
+            self._async_running -= 1
+            self.finished += 1
+            self._slots.notify_all()
+        if outcome is not Outcome.HANDED_OFF:
+            self.wake.set()
 
     def _written(self) -> None:
         """After the completer's every write: the runs' concurrency keys are free now."""
@@ -510,6 +599,7 @@ class JobWorker:
                 decision = timed_out(attempt.handler, claim)
                 outcome = record(claim, decision, self.hard_stop)
                 log_outcome(claim, outcome, now - attempt.started, decision)
+                attempt.stop_task()  # an async handler stops; a thread cannot be stopped
             elif (
                 attempt.cancel_noticed_at is not None
                 and now > attempt.cancel_noticed_at + self.cancel_grace
@@ -518,6 +608,7 @@ class JobWorker:
                 message = f"the handler ignored the cancel request for {self.cancel_grace:g}s"
                 outcome = record(claim, canceled(claim, message), self.hard_stop)
                 log_outcome(claim, outcome, now - attempt.started)
+                attempt.stop_task()
 
     # --- shutdown -----------------------------------------------------------------
 
@@ -535,6 +626,8 @@ class JobWorker:
             return EXIT_OK
         self.hard_stop.set()
         released = self._quietly(transitions.release, self.worker_id, leftover)
+        if self._event_loop is not None:
+            self._event_loop.stop_all()  # given back: their late writes would be fenced anyway
         self._quietly(notify_pools, self.pools)
         logger.warning(
             "worker=%s released %s unfinished runs back to pending: %s",

@@ -43,6 +43,24 @@ def concurrency(value: str) -> int:
     return number
 
 
+# Async runs one worker process may run at once on its event loop: tasks, not
+# threads, so far more than MAX_CONCURRENCY; past this one process's loop is the
+# bottleneck and a second process serves better.
+MAX_ASYNC_CONCURRENCY = 10_000
+
+
+def async_concurrency(value: str) -> int:
+    """``--async-concurrency``: 0 (async handlers run in threads) to ``MAX_ASYNC_CONCURRENCY``."""
+    message = f"expected an integer from 0 to {MAX_ASYNC_CONCURRENCY}, got {value!r}"
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(message) from None
+    if not 0 <= number <= MAX_ASYNC_CONCURRENCY:
+        raise argparse.ArgumentTypeError(message)
+    return number
+
+
 # Longer intervals are mistakes, and past about 292 years a sleep overflows.
 MAX_SECONDS = 86_400.0
 MAX_AGE = timedelta(days=36_500)

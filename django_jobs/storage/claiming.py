@@ -121,21 +121,34 @@ class Claim:
         )
 
 
+# (True, types): only runs of these job types; (False, types): none of them.
+JobTypes = tuple[bool, frozenset[str]]
+
+
 def claim_batch(
-    worker_id: uuid.UUID, pools: Sequence[str] | None, limit: int, *, plan: int = 0
+    worker_id: uuid.UUID,
+    pools: Sequence[str] | None,
+    limit: int,
+    *,
+    plan: int = 0,
+    job_types: JobTypes | None = None,
 ) -> list[Claim]:
     """Claim up to ``limit`` due runs of ``pools`` (all pools when None) for this worker.
 
     Highest priority first, then the oldest ``run_at``. Where the database claims
     in one statement, a new ``plan`` number makes the server plan it afresh.
+    ``job_types`` limits the claim to some job types or excludes them (a worker's
+    event loop claims its async types, its threads the others).
     """
     if limit <= 0:
         return []
     try:
-        claims = _claim_in_one_statement(worker_id, pools, limit, plan)
+        claims = _claim_in_one_statement(worker_id, pools, limit, plan, job_types)
         if claims is not None:
             return claims
-        return claim_two_statements(worker_id, candidates(pools, locked=False), limit)
+        return claim_two_statements(
+            worker_id, candidates(pools, locked=False, job_types=job_types), limit
+        )
     except IntegrityError:
         # The unique index refused a second running run of one key: a claim that
         # took the key committed after this statement's snapshot was taken (or
@@ -143,16 +156,29 @@ def claim_batch(
         # way, whose second statement sees that commit.
         logger.debug("claim refused by an integrity constraint; claiming again", exc_info=True)
         try:
-            return claim_two_statements(worker_id, candidates(pools, locked=False), limit)
+            return claim_two_statements(
+                worker_id, candidates(pools, locked=False, job_types=job_types), limit
+            )
         except IntegrityError:
             logger.warning("claim refused by an integrity constraint; retrying", exc_info=True)
             return []
 
 
-def candidates(pools: Sequence[str] | None, *, locked: bool = True) -> Any:
-    """Due runs of ``pools`` that may be claimed now, in claim order, locked as read
-    (unless not ``locked``)."""
+def candidates(
+    pools: Sequence[str] | None, *, locked: bool = True, job_types: JobTypes | None = None
+) -> Any:
+    """Due runs of ``pools`` (of ``job_types``) that may be claimed now, in claim
+    order, locked as read (unless not ``locked``)."""
     due = runs().due(pools)
+    if job_types is not None:
+        only, types = job_types
+        # Read past in the claim index, as runs of a busy key are: a pool whose
+        # head is a deep backlog of the other kind costs each claim that read.
+        due = (
+            due.filter(job_type__in=sorted(types))
+            if only
+            else due.exclude(job_type__in=sorted(types))
+        )
     # Runs of a paused pool stay pending. The subquery is part of the statement,
     # so a pause takes effect at every worker's next claim, with no cache to expire.
     paused = JobPool.objects.using(using()).filter(paused_at__isnull=False)
@@ -172,14 +198,20 @@ def candidates(pools: Sequence[str] | None, *, locked: bool = True) -> Any:
 
 
 def _claim_in_one_statement(
-    worker_id: uuid.UUID, pools: Sequence[str] | None, limit: int, plan: int
+    worker_id: uuid.UUID,
+    pools: Sequence[str] | None,
+    limit: int,
+    plan: int,
+    job_types: JobTypes | None,
 ) -> list[Claim] | None:
     connection = connections[using()]
     token = uuid.uuid4()
     rows = vendors.of(connection).claim(
         connection,
-        (None if pools is None else tuple(pools), limit),
-        lambda: candidates(pools).values("id", "concurrency_key", "priority", "run_at")[:limit],
+        (None if pools is None else tuple(pools), limit, job_types),
+        lambda: candidates(pools, job_types=job_types).values(
+            "id", "concurrency_key", "priority", "run_at"
+        )[:limit],
         CLAIM_FIELDS,
         worker_id,
         token,

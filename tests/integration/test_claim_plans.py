@@ -44,8 +44,8 @@ def test_the_worker_plans_its_claim_afresh_when_runs_come_after_an_idle_spell(
     seen: list[tuple[int, int]] = []
     real = claiming.claim_batch
 
-    def recording(*args: Any, plan: int = 0) -> list[Claim]:
-        batch = real(*args, plan=plan)
+    def recording(*args: Any, plan: int = 0, **kwargs: Any) -> list[Claim]:
+        batch = real(*args, plan=plan, **kwargs)
         seen.append((plan, len(batch)))
         return batch
 

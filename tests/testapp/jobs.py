@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -284,3 +285,151 @@ def progress_held(ctx: JobContext) -> int:
 def loud_failure(ctx: JobContext) -> None:
     """Fails with a message of ``input["size"]`` characters, as a careless handler might."""
     raise ValueError("x" * ctx.input["size"])
+
+
+# --- async def handlers (docs/async.md): the same semantics on the worker's event loop ---
+
+
+async def aeffect(ctx: JobContext, name: str) -> int:
+    """``effect`` from async code, through the async ORM."""
+    row = await Execution.objects.acreate(
+        run_id=ctx.run_id, job_type=f"effect:{name}", attempt=ctx.attempt, pid=os.getpid()
+    )
+    return row.pk
+
+
+@job("tests.async_echo")
+async def async_echo(ctx: JobContext) -> Any:
+    await asyncio.sleep(ctx.input.get("seconds", 0))
+    return ctx.input
+
+
+@job("tests.async_three_steps", retry=RetryPolicy(attempts=3, base_delay=0))
+async def async_three_steps(ctx: JobContext) -> dict[str, Any]:
+    """``three_steps`` in async code: an async step, a sync one (the ORM), an awaited one."""
+    a = await ctx.astep("a", lambda: aeffect(ctx, "a"))
+    b = await ctx.astep("b", lambda: effect(ctx, "b"))
+
+    async def third() -> int:
+        await aeffect(ctx, "c-started")
+        await asyncio.sleep(ctx.input.get("sleep_in_c", 0))
+        if ctx.attempt < ctx.input.get("fail_c_until", 0):
+            raise RuntimeError("step c failed")
+        return await aeffect(ctx, "c")
+
+    c = await ctx.astep("c", third)
+    return {"a": a, "b": b, "c": c}
+
+
+@job("tests.async_atomic_step", retry=RetryPolicy(attempts=2, base_delay=0))
+async def async_atomic_step(ctx: JobContext) -> int:
+    """An atomic async step whose ORM write is rolled back with it when it fails."""
+
+    async def write_then_fail() -> int:
+        row = await aeffect(ctx, "write")
+        if ctx.attempt == 1:
+            raise RuntimeError("fail inside the atomic step")
+        return row
+
+    row: int = await ctx.astep("write", write_then_fail, atomic=True)
+    return row
+
+
+@job("tests.async_parent", retry=RetryPolicy(attempts=2, base_delay=0))
+async def async_parent(ctx: JobContext) -> dict[str, Any]:
+    await aeffect(ctx, "parent-body")
+    children = [
+        await ctx.aspawn_child(ctx.input.get("child", "tests.async_echo"), {"i": i})
+        for i in range(ctx.input.get("n", 2))
+    ]
+    if ctx.input.get("fail_first") and ctx.attempt == 1:
+        raise RuntimeError("fail after spawning")
+    outputs = await ctx.await_for(children)
+    return {"children": [c.pk for c in children], "outputs": outputs}
+
+
+@job("tests.async_parent_of_failure")
+async def async_parent_of_failure(ctx: JobContext) -> str:
+    child = await ctx.aspawn_child("tests.permanent", {})
+    try:
+        await ctx.await_for([child])
+    except Exception as exc:
+        return type(exc).__name__
+    return "no error"
+
+
+@job("tests.async_sleeper")
+async def async_sleeper(ctx: JobContext) -> str:
+    await ctx.astep("before", lambda: aeffect(ctx, "before"))
+    await ctx.asleep("nap", ctx.input.get("seconds", 0.5))
+    await ctx.astep("after", lambda: aeffect(ctx, "after"))
+    return "rested"
+
+
+@job("tests.async_cooperative")
+async def async_cooperative(ctx: JobContext) -> str:
+    await aeffect(ctx, "cooperative")
+    deadline = time.monotonic() + ctx.input.get("seconds", 30)
+    while time.monotonic() < deadline:
+        ctx.check_cancel()
+        await asyncio.sleep(0.05)
+    return "finished"
+
+
+@job("tests.async_ignoring")
+async def async_ignoring(ctx: JobContext) -> str:
+    """Ignores a cancel request; its task is canceled after the grace, so "late" never happens."""
+    await aeffect(ctx, "ignoring")
+    await asyncio.sleep(ctx.input.get("seconds", 5))
+    await aeffect(ctx, "late")
+    return "finished anyway"
+
+
+@job("tests.async_slow", timeout=0.5)
+async def async_slow(ctx: JobContext) -> str:
+    await aeffect(ctx, "slow")
+    await asyncio.sleep(ctx.input.get("seconds", 3))
+    await aeffect(ctx, "late")
+    return "too late"
+
+
+@job("tests.async_keyed", concurrency_key=lambda input: input.get("key"))
+async def async_keyed(ctx: JobContext) -> None:
+    row = await Execution.objects.acreate(
+        run_id=ctx.run_id, job_type="keyed", attempt=ctx.attempt, pid=os.getpid()
+    )
+    await asyncio.sleep(ctx.input.get("seconds", 0.02))
+    await Execution.objects.filter(pk=row.pk).aupdate(finished_at=timezone.now())
+
+
+# How many tests.async_together runs this process runs at this moment, and the most seen.
+together = {"now": 0, "most": 0}
+
+
+@job("tests.async_together")
+async def async_together(ctx: JobContext) -> int:
+    """Wait (up to ``timeout`` seconds) until ``n`` runs of this type run at once in
+    this process; return the most seen. Shows runs overlapping without timing them."""
+    together["now"] += 1
+    together["most"] = max(together["most"], together["now"])
+    try:
+        deadline = time.monotonic() + ctx.input.get("timeout", 20)
+        while together["most"] < ctx.input["n"] and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return together["most"]
+    finally:
+        together["now"] -= 1
+
+
+@job("tests.async_sync_step")
+async def async_sync_step(ctx: JobContext) -> None:
+    """Calls the sync ctx.step by mistake."""
+    ctx.step("oops", lambda: 1)
+
+
+@job("tests.async_progress")
+async def async_progress(ctx: JobContext) -> int:
+    items = ctx.input.get("items", 3)
+    for done in range(1, items + 1):
+        await ctx.aset_progress(done, items, message="" if done < items else "all done")
+    return items

@@ -49,6 +49,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "context",
                 "execution",
                 "completer",
+                "eventloop",
                 "scheduler",
                 "retention",
                 "snapshot",

@@ -12,11 +12,13 @@ from django.db import DatabaseError
 
 from django_jobs import conf
 from django_jobs.checks import check_database, connection_limit, pool_size
+from django_jobs.eventloop import DATABASE_THREADS
 from django_jobs.exceptions import WorkerRefused
 from django_jobs.logstream import BurstHandler
 from django_jobs.management.arguments import (
     DEFAULT_CONCURRENCY,
     MAX_CONCURRENCY,
+    async_concurrency,
     concurrency,
     pool_name,
     port,
@@ -25,7 +27,8 @@ from django_jobs.management.arguments import (
 )
 from django_jobs.management.base import JobsCommand
 from django_jobs.management.startup import wait_for_database, warn_of_pools_without_handlers
-from django_jobs.worker import JobWorker
+from django_jobs.registry import all_handlers
+from django_jobs.worker import DEFAULT_ASYNC_CONCURRENCY, JobWorker
 
 DEFAULT_START_TIMEOUT = 30.0
 logger = logging.getLogger(__name__)
@@ -56,6 +59,15 @@ class Command(JobsCommand):
             help=f"runs executed at once, one thread and database connection each, "
             f"1 to {MAX_CONCURRENCY} and at most the server's max_connections (default: "
             f"{DEFAULT_CONCURRENCY}, or what Django's connection pool can serve)",
+        )
+        parser.add_argument(
+            "--async-concurrency",
+            type=async_concurrency,
+            default=DEFAULT_ASYNC_CONCURRENCY,
+            metavar="N",
+            help=f"async def runs executed at once on the worker's event loop, sharing "
+            f"{DATABASE_THREADS} database connections; 0 runs them in the threads "
+            f"(default: {DEFAULT_ASYNC_CONCURRENCY})",
         )
         parser.add_argument(
             "--burst",
@@ -123,7 +135,7 @@ class Command(JobsCommand):
         if refused:
             raise CommandError(refused)
         wait_for_database(alias, options["start_timeout"])
-        slots = self._concurrency(options["concurrency"], alias)
+        slots = self._concurrency(options["concurrency"], options["async_concurrency"], alias)
         if options["metrics_port"] is not None:
             self._serve_metrics(options["metrics_port"], options["metrics_addr"])
         pools = options["pools"] or ["default"]
@@ -131,6 +143,7 @@ class Command(JobsCommand):
         worker = JobWorker(
             pools,
             concurrency=slots,
+            async_concurrency=options["async_concurrency"],
             burst=options["burst"],
             max_runs=options["max_runs"],
             poll_interval=options["poll_interval"],
@@ -151,23 +164,27 @@ class Command(JobsCommand):
         if code:
             sys.exit(code)
 
-    def _concurrency(self, requested: int | None, alias: str) -> int:
+    def _concurrency(self, requested: int | None, async_runs: int, alias: str) -> int:
         """The slots to run: --concurrency, refused when the server or Django's pool
         cannot serve it; without the flag, the default, capped to what they can."""
         limit, size = connection_limit(alias), pool_size(alias)
         # The slots' connections and the control threads' one (storage/control.py) come
-        # from Django's pool when there is one; the LISTEN connection does not.
+        # from Django's pool when there is one; the LISTEN connection does not. Async
+        # runs add the event loop's database threads, and Django's sync thread
+        # (their ORM calls), once the worker meets one.
+        extra = DATABASE_THREADS + 1 if async_runs and _may_run_async() else 0
         if requested is None:
-            requested = default_concurrency(alias, limit, size)
+            requested = default_concurrency(alias, limit, size, extra)
         if limit is not None and requested > limit:
             raise CommandError(
                 f"--concurrency {requested} needs at least as many connections "
                 f"to the jobs database; its server accepts {limit} (max_connections)."
             )
-        needed = requested + 1
+        needed = requested + 1 + extra
         if size is not None and size < needed:
+            also = f" and --async-concurrency {async_runs}" if extra else ""
             raise CommandError(
-                f"--concurrency {requested} needs {needed} connections from "
+                f"--concurrency {requested}{also} need {needed} connections from "
                 f"Django's connection pool for database {alias!r}, which lends at most {size}: "
                 f"set OPTIONS['pool'] = {{'max_size': {needed}}} or more, or lower --concurrency."
             )
@@ -191,21 +208,23 @@ class Command(JobsCommand):
             root.addHandler(BurstHandler(sys.stderr))
 
 
-def default_concurrency(alias: str, limit: int | None, size: int | None) -> int:
+def default_concurrency(alias: str, limit: int | None, size: int | None, extra: int = 0) -> int:
     """``DEFAULT_CONCURRENCY``, lowered (in one INFO line) to what Django's connection
-    pool (which also lends the control threads' connection) or the server can serve."""
-    by_pool = DEFAULT_CONCURRENCY if size is None else max(1, size - 1)
+    pool (which also lends the control threads' connection, and ``extra`` ones for
+    async runs) or the server can serve."""
+    by_pool = DEFAULT_CONCURRENCY if size is None else max(1, size - 1 - extra)
     by_server = DEFAULT_CONCURRENCY if limit is None else limit
     slots = min(DEFAULT_CONCURRENCY, by_pool, by_server)
     if slots == by_pool < DEFAULT_CONCURRENCY:
         logger.info(
             "concurrency=%d default=%d database=%s pool_max_size=%s: the worker takes "
-            "concurrency + 1 connections from Django's pool; give the pool more or "
+            "concurrency + %d connections from Django's pool; give the pool more or "
             "pass --concurrency",
             slots,
             DEFAULT_CONCURRENCY,
             alias,
             size,
+            1 + extra,
         )
     elif slots < DEFAULT_CONCURRENCY:
         logger.info(
@@ -217,6 +236,14 @@ def default_concurrency(alias: str, limit: int | None, size: int | None) -> int:
             limit,
         )
     return slots
+
+
+def _may_run_async() -> bool:
+    """Whether this worker may meet async runs: an ``async def`` @job, or a
+    JobsBackend (a task's kind is known only once its module is imported)."""
+    from django_jobs.tasks_backend import configured
+
+    return configured() or any(handler.is_async for handler in all_handlers().values())
 
 
 def _refusal(alias: str) -> str | None:

@@ -1,0 +1,168 @@
+"""A worker's event loop: its ``async def`` runs, many at once on one thread.
+
+Each async run is a task on one asyncio loop, on a thread of its own. What the
+runs do with the database (steps, children, waits, outcomes) is sync code: it
+goes to a few ``DatabaseThreads``, each with its own connection, so a worker
+running hundreds of async runs holds a handful of connections, not one per run.
+Successful outcomes go to the worker's completer as the threads' do.
+
+The loop and its threads start with the first async run a worker claims; a
+worker that never meets one starts neither.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from django.db import DatabaseError, connections
+
+from .attempt import Attempt
+from .completer import Completer
+from .execution import Outcome, execute_async
+from .storage.connections import discard_broken_connections
+
+logger = logging.getLogger(__name__)
+
+# How many threads (and connections) do the database work of a worker's async runs.
+DATABASE_THREADS = 4
+
+# Told when an async run's task is over: (attempt, its outcome or None when the
+# task was stopped). Called on the loop's thread.
+Done = Callable[[Attempt, "Outcome | None"], None]
+
+_Call = tuple[Callable[..., Any], tuple[Any, ...], asyncio.AbstractEventLoop, "asyncio.Future[Any]"]
+
+
+class DatabaseThreads:
+    """Threads with a connection each, running the sync work of async code in turn."""
+
+    def __init__(self, count: int) -> None:
+        self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._threads = [
+            threading.Thread(target=self._serve, name=f"django-jobs-db-{i}", daemon=True)
+            for i in range(count)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    async def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` on one of the threads; its result or its exception."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        if kwargs:
+            fn = functools.partial(fn, **kwargs)
+        self._calls.put((fn, args, loop, future))
+        return await future
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the threads once the calls given before are done; their connections close."""
+        for _ in self._threads:
+            self._calls.put(None)
+        for thread in self._threads:
+            thread.join(timeout=timeout)
+
+    def _serve(self) -> None:
+        try:
+            while (call := self._calls.get()) is not None:
+                fn, args, loop, future = call
+                if future.cancelled():  # its task was stopped while the call waited
+                    continue
+                try:
+                    result = fn(*args)
+                except BaseException as exc:  # Suspended and LeaseLost too: the caller's
+                    if isinstance(exc, DatabaseError):
+                        discard_broken_connections()
+                    _settle(loop, future, exc, error=True)
+                else:
+                    _settle(loop, future, result)
+        finally:
+            connections.close_all()
+
+
+def _settle(
+    loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], value: Any, *, error: bool = False
+) -> None:
+    def settle() -> None:
+        if future.cancelled():
+            return
+        if error:
+            future.set_exception(value)
+        else:
+            future.set_result(value)
+
+    with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+        loop.call_soon_threadsafe(settle)
+
+
+class EventLoop:
+    """The loop thread of a worker's async runs, and their database threads."""
+
+    def __init__(self, completer: Completer, stop: threading.Event, done: Done) -> None:
+        self._completer = completer
+        self._stop = stop  # the worker's hard stop
+        self._done = done
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.database = DatabaseThreads(DATABASE_THREADS)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._run_loop, name="django-jobs-event-loop", daemon=True
+        )
+        self._thread.start()
+
+    def submit(self, attempt: Attempt) -> None:
+        """Start running ``attempt`` (any thread)."""
+        attempt.run_sync = self.database.run
+        self._loop.call_soon_threadsafe(self._start, attempt)
+
+    def stop_all(self) -> None:
+        """Cancel every async run still going (their runs were given back)."""
+
+        def cancel() -> None:
+            for task in self._tasks:
+                task.cancel()
+
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(cancel)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Cancel what still runs, stop the loop and its threads."""
+        self.stop_all()
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=timeout)
+        self.database.close(timeout=timeout)
+
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_forever()
+            # Let the canceled tasks unwind (their finally blocks, the slots' release).
+            if self._tasks:
+                self._loop.run_until_complete(asyncio.wait(list(self._tasks), timeout=2.0))
+        finally:
+            self._loop.close()
+
+    def _start(self, attempt: Attempt) -> None:
+        task = self._loop.create_task(
+            self._execute(attempt), name=f"django-jobs-run-{attempt.run_id}"
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _execute(self, attempt: Attempt) -> None:
+        outcome: Outcome | None = None
+        try:
+            outcome = await execute_async(attempt, stop=self._stop, completer=self._completer)
+        except asyncio.CancelledError:
+            logger.debug("run=%s task stopped by the worker", attempt.run_id)
+        except Exception:
+            logger.exception("run=%s crashed the executor", attempt.run_id)
+        finally:
+            self._done(attempt, outcome)
