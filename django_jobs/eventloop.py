@@ -116,10 +116,11 @@ class EventLoop:
         )
         self._thread.start()
 
-    def submit(self, attempt: Attempt) -> None:
-        """Start running ``attempt`` (any thread)."""
-        attempt.run_sync = self.database.run
-        self._loop.call_soon_threadsafe(self._start, attempt)
+    def submit(self, attempts: list[Attempt]) -> None:
+        """Start running ``attempts`` (any thread)."""
+        for attempt in attempts:
+            attempt.run_sync = self.database.run
+        self._loop.call_soon_threadsafe(self._start, attempts)
 
     def stop_all(self) -> None:
         """Cancel every async run still going (their runs were given back)."""
@@ -149,7 +150,11 @@ class EventLoop:
         finally:
             self._loop.close()
 
-    def _start(self, attempt: Attempt) -> None:
+    def _start(self, attempts: list[Attempt]) -> None:
+        for attempt in attempts:
+            self._start_one(attempt)
+
+    def _start_one(self, attempt: Attempt) -> None:
         task = self._loop.create_task(
             self._execute(attempt), name=f"django-jobs-run-{attempt.run_id}"
         )
