@@ -27,7 +27,7 @@ from django.db.backends.signals import connection_created
 from . import conf, transitions, watchman
 from .attempt import Attempt
 from .completer import Completer
-from .eventloop import EventLoop
+from .eventloop import DATABASE_THREADS, EventLoop
 from .execution import Outcome, canceled, execute, log_outcome, record, record_handed_off, timed_out
 from .models import WorkerStatus
 from .registry import all_handlers
@@ -62,6 +62,7 @@ class JobWorker:
         *,
         concurrency: int = 1,
         async_concurrency: int = DEFAULT_ASYNC_CONCURRENCY,
+        database_threads: int = DATABASE_THREADS,
         burst: bool = False,
         max_runs: int | None = None,
         poll_interval: float | None = None,
@@ -72,6 +73,8 @@ class JobWorker:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
         if async_concurrency < 0:
             raise ValueError(f"async_concurrency must be at least 0, got {async_concurrency}")
+        if database_threads < 1:
+            raise ValueError(f"database_threads must be at least 1, got {database_threads}")
         if not pools:
             raise ValueError("a worker needs at least one pool")
         self.pools = list(dict.fromkeys(pools))
@@ -79,6 +82,7 @@ class JobWorker:
         # Async runs at once on the event loop; with none, async handlers run in
         # the threads (under async_to_sync), one per thread.
         self.async_concurrency = async_concurrency
+        self.database_threads = database_threads  # the event loop's, with a connection each
         self.burst = burst
         self.max_runs = max_runs
         self.scheduler = scheduler  # fire the schedules of this worker's pools
@@ -500,7 +504,9 @@ class JobWorker:
             if new:
                 self._async_types |= new  # claimed for the loop from now on
             if self._event_loop is None:
-                self._event_loop = EventLoop(self._completer, self.hard_stop, self._async_done)
+                self._event_loop = EventLoop(
+                    self._completer, self.hard_stop, self._async_done, self.database_threads
+                )
             self._event_loop.submit(on_loop)
         for attempt in attempts:
             if not (self.async_concurrency and attempt.is_async):
