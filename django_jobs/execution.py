@@ -27,7 +27,7 @@ from datetime import timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from django.db import DatabaseError, InterfaceError, OperationalError
 from django.db.models.functions import Now
 from django.dispatch import Signal
@@ -275,6 +275,10 @@ async def execute_async(
         outcome = await attempt.run_sync(record, claim, last_resort(claim, exc), stop)
     late = outcome is Outcome.LOST and attempt.fenced_off
     log_outcome(claim, outcome, time.monotonic() - started, decision, observe=not late)
+    if outcome is not Outcome.COMPLETED:
+        # The handler's ORM calls ran on Django's sync thread: the connection there
+        # may be the one that broke (the database threads mend their own).
+        await sync_to_async(discard_broken_connections, thread_sensitive=True)()
     return outcome
 
 

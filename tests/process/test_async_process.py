@@ -21,8 +21,9 @@ from django.db import connections
 
 from django_jobs import cancel, start, start_many
 from django_jobs.eventloop import DATABASE_THREADS
-from django_jobs.models import JobRun, Status
-from tests.helpers import WorkerProcess, status_of, wait_until
+from django_jobs.models import JobRun, JobStep, Status
+from tests.helpers import WorkerProcess, status_of, terminate_other_connections, wait_until
+from tests.process.faults import assert_alive_and_stop_cleanly, assert_every_run_completed_once
 from tests.process.test_connections import session_ids, sessions
 from tests.testapp.models import Execution
 
@@ -229,3 +230,29 @@ def test_hundreds_of_async_runs_share_a_few_connections(start_worker: StartWorke
     assert max(starts.values_list("started_at", flat=True)) < min(
         ends.values_list("started_at", flat=True)
     )
+
+
+def test_killed_connections_lose_no_async_run_and_repeat_no_recorded_step(
+    start_worker: StartWorker,
+) -> None:
+    # Every connection of the workers' is killed, over and over: the database
+    # threads', Django's sync thread's (the handlers' ORM calls), the control one.
+    runs = 150
+    start_many("tests.async_chaos", [{"pause": 0.05} for _ in range(runs)])
+    workers = [start_worker("--pool", "default", "--async-concurrency", "40") for _ in range(2)]
+    wait_until(lambda: JobStep.objects.exists(), timeout=30)
+    terminated = 0
+    for _ in range(5):
+        terminated += terminate_other_connections()
+        time.sleep(1.0)
+    try:
+        wait_until(
+            lambda: JobRun.objects.filter(status=Status.COMPLETED).count() == runs, timeout=120
+        )
+    except BaseException:
+        rows = JobRun.objects.exclude(status=Status.COMPLETED)
+        left = list(rows.values_list("pk", "status", "attempts", "claimed_by", "error"))
+        pytest.fail(f"not completed: {left}\n" + "".join(w.output()[-3000:] for w in workers))
+    assert_every_run_completed_once(runs)
+    assert_alive_and_stop_cleanly(workers)
+    assert terminated > 0

@@ -433,3 +433,18 @@ async def async_progress(ctx: JobContext) -> int:
     for done in range(1, items + 1):
         await ctx.aset_progress(done, items, message="" if done < items else "all done")
     return items
+
+
+@job("tests.async_chaos", retry=RetryPolicy(attempts=20, base_delay=0))
+async def async_chaos(ctx: JobContext) -> int:
+    """``chaos`` as an async handler: three steps, each an async ORM write and a pause."""
+    total = 0
+    for name in ("a", "b", "c"):
+
+        async def work(name: str = name) -> int:
+            await aeffect(ctx, name)
+            await asyncio.sleep(ctx.input.get("pause", 0.05))
+            return 1
+
+        total += await ctx.astep(name, work)
+    return total

@@ -253,9 +253,13 @@ def default_concurrency(alias: str, limit: int | None, size: int | None, extra: 
 def _may_run_async() -> bool:
     """Whether this worker may meet async runs: an ``async def`` @job, or a
     JobsBackend (a task's kind is known only once its module is imported)."""
-    from django_jobs.tasks_backend import configured
-
-    return configured() or any(handler.is_async for handler in all_handlers().values())
+    if any(handler.is_async for handler in all_handlers().values()):
+        return True
+    try:
+        from django_jobs.tasks_backend import configured
+    except ImproperlyConfigured:  # no tasks framework installed: no JobsBackend either
+        return False
+    return configured()
 
 
 def _refusal(alias: str) -> str | None:
