@@ -1,7 +1,9 @@
-"""The benchmark's handlers: a no-op, a three-step run, and a latency probe."""
+"""The benchmark's handlers: a no-op, a three-step run, a latency probe, and the io
+case's async run (0.1 s of simulated I/O)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from typing import Any
@@ -26,3 +28,8 @@ def steps(ctx: JobContext) -> int:
 def latency(ctx: JobContext) -> Any:
     with open(os.environ["BENCH_LAT_FILE"], "a") as f:
         f.write(f"{ctx.input['tag']} {time.time()}\n")
+
+
+@job("bench.io")
+async def io(ctx: JobContext) -> None:
+    await asyncio.sleep(0.1)  # bench/peers/common.py: IO_SECONDS
