@@ -38,6 +38,10 @@ sys.path.insert(0, common.BENCH_DIR)
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     if args.case in POSTGRESQL_ONLY and not common.servers.POSTGRESQL:
         raise RuntimeError(f"the {args.case} case runs on PostgreSQL only")
+    if args.case == "io":
+        # bench.io is registered only where this is set: here and in the worker, which
+        # inherits it (see bench/project/benchapp/jobs.py).
+        os.environ["BENCH_IO"] = "1"
     common.recreate_db(DB)
     common.fresh_file(LAT_FILE)
     import django
