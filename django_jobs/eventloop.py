@@ -30,7 +30,8 @@ from .storage.connections import discard_broken_connections
 
 logger = logging.getLogger(__name__)
 
-# How many threads (and connections) do the database work of a worker's async runs.
+# How many threads (and connections) do the database work of a worker's async runs
+# (fewer where Django's connection pool cannot lend that many).
 DATABASE_THREADS = 4
 
 # Told when an async run's task is over: (attempt, its outcome or None when the
@@ -104,22 +105,29 @@ def _settle(
 class EventLoop:
     """The loop thread of a worker's async runs, and their database threads."""
 
-    def __init__(self, completer: Completer, stop: threading.Event, done: Done) -> None:
+    def __init__(
+        self,
+        completer: Completer,
+        stop: threading.Event,
+        done: Done,
+        database_threads: int = DATABASE_THREADS,
+    ) -> None:
         self._completer = completer
         self._stop = stop  # the worker's hard stop
         self._done = done
         self._tasks: set[asyncio.Task[None]] = set()
-        self.database = DatabaseThreads(DATABASE_THREADS)
+        self.database = DatabaseThreads(database_threads)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._run_loop, name="django-jobs-event-loop", daemon=True
         )
         self._thread.start()
 
-    def submit(self, attempt: Attempt) -> None:
-        """Start running ``attempt`` (any thread)."""
-        attempt.run_sync = self.database.run
-        self._loop.call_soon_threadsafe(self._start, attempt)
+    def submit(self, attempts: list[Attempt]) -> None:
+        """Start running ``attempts`` (any thread)."""
+        for attempt in attempts:
+            attempt.run_sync = self.database.run
+        self._loop.call_soon_threadsafe(self._start, attempts)
 
     def stop_all(self) -> None:
         """Cancel every async run still going (their runs were given back)."""
@@ -149,7 +157,11 @@ class EventLoop:
         finally:
             self._loop.close()
 
-    def _start(self, attempt: Attempt) -> None:
+    def _start(self, attempts: list[Attempt]) -> None:
+        for attempt in attempts:
+            self._start_one(attempt)
+
+    def _start_one(self, attempt: Attempt) -> None:
         task = self._loop.create_task(
             self._execute(attempt), name=f"django-jobs-run-{attempt.run_id}"
         )

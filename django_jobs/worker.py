@@ -27,13 +27,13 @@ from django.db.backends.signals import connection_created
 from . import conf, transitions, watchman
 from .attempt import Attempt
 from .completer import Completer
-from .eventloop import EventLoop
+from .eventloop import DATABASE_THREADS, EventLoop
 from .execution import Outcome, canceled, execute, log_outcome, record, record_handed_off, timed_out
 from .models import WorkerStatus
 from .registry import all_handlers
 from .scheduler import Scheduler
 from .storage import leases, vendors, workers
-from .storage.claiming import Claim, claim_batch
+from .storage.claiming import Claim, JobTypes, claim_batch
 from .storage.connections import discard_broken_connections
 from .storage.control import ControlConnection
 from .storage.notify import Listener, notify_pools
@@ -47,6 +47,10 @@ EXIT_RELEASED = 1  # the drain ran out of time (or a second signal came): runs w
 REPLAN = 60.0  # seconds a claim's server-side plan is kept at most
 # Async runs a worker runs at once on its event loop unless told (see docs/decisions.md).
 DEFAULT_ASYNC_CONCURRENCY = 100
+# The two kinds of slot a worker claims for: its threads and its event loop.
+THREADS, LOOP = "threads", "loop"
+# The most runs one claim takes for the event loop.
+MAX_LOOP_BATCH = 512
 
 
 class JobWorker:
@@ -58,6 +62,7 @@ class JobWorker:
         *,
         concurrency: int = 1,
         async_concurrency: int = DEFAULT_ASYNC_CONCURRENCY,
+        database_threads: int = DATABASE_THREADS,
         burst: bool = False,
         max_runs: int | None = None,
         poll_interval: float | None = None,
@@ -68,6 +73,8 @@ class JobWorker:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
         if async_concurrency < 0:
             raise ValueError(f"async_concurrency must be at least 0, got {async_concurrency}")
+        if database_threads < 1:
+            raise ValueError(f"database_threads must be at least 1, got {database_threads}")
         if not pools:
             raise ValueError("a worker needs at least one pool")
         self.pools = list(dict.fromkeys(pools))
@@ -75,6 +82,7 @@ class JobWorker:
         # Async runs at once on the event loop; with none, async handlers run in
         # the threads (under async_to_sync), one per thread.
         self.async_concurrency = async_concurrency
+        self.database_threads = database_threads  # the event loop's, with a connection each
         self.burst = burst
         self.max_runs = max_runs
         self.scheduler = scheduler  # fire the schedules of this worker's pools
@@ -116,6 +124,12 @@ class JobWorker:
             job_type for job_type, handler in all_handlers().items() if handler.is_async
         )
         self._event_loop: EventLoop | None = None  # started by the first async run
+        # Per kind of slot, THREADS and LOOP: whether its next claim may find runs
+        # its last one did not (a notification, a run of its kind finished), whether
+        # that claim was full, and when it was made (see _claim).
+        self._recheck = {THREADS: True, LOOP: True}
+        self._was_full = {THREADS: False, LOOP: False}
+        self._claimed_at = {THREADS: 0.0, LOOP: 0.0}
         self.claimed = 0
         self.finished = 0
         # Created by run(): the connection the control threads share.
@@ -182,7 +196,7 @@ class JobWorker:
             ]
             listener = None
             if Listener.enabled():
-                listener = Listener(self.pools, self.wake.set, self.hard_stop, control)
+                listener = Listener(self.pools, self._news, self.hard_stop, control)
                 listener.start()
             beat = start_thread(self._heartbeat_loop, "django-jobs-heartbeat")
             watchdog = start_thread(self._watchdog_loop, "django-jobs-watchdog")
@@ -331,7 +345,7 @@ class JobWorker:
             try:
                 with self._shared():
                     try:
-                        batch, short = self._claim(free, plan)
+                        batch, short, complete = self._claim(free, plan)
                     except DatabaseError:
                         discard_broken_connections()
                         raise
@@ -350,56 +364,94 @@ class JobWorker:
             if (batch and idle) or time.monotonic() - planned_at > REPLAN:
                 plan, planned_at = plan + 1, time.monotonic()
             idle = not batch
-            if short and self._idle_done(writes, finished):
+            if short and self._idle_done(writes, finished, complete):
                 return
 
-    def _claim(self, free: tuple[int, int], plan: int) -> tuple[list[Claim], bool]:
-        """Claim for the free threads and the free async slots; and whether every
-        claim came back short (nothing more is due for now).
+    def _claim(self, free: tuple[int, int], plan: int) -> tuple[list[Claim], bool, bool]:
+        """Claim for the free threads and the free async slots. Returns the claims;
+        whether every claim came back short (nothing more is due for now); and
+        whether each kind with free slots was claimed for.
 
         Async runs are claimed by job type, up to the free async slots; the
         threads claim every other type. A run claimed by the threads that turns
         out to be async (a task not met before) goes to the event loop all the same.
+        A kind whose last claim came back short is claimed for again only when
+        something may have made runs of it due (a notification, a run of it
+        finished, a sleeper woken) or a poll interval has passed: each claim reads
+        past the due runs of the other kind, which may be many.
         """
         free_threads, free_async = free
         left = math.inf if self.max_runs is None else self.max_runs - self.claimed
         types = self._async_types if self.async_concurrency else frozenset()
         batch: list[Claim] = []
-        short = True
+        short = complete = True
         if types and free_async and left > 0:
-            # Powers of two: a handful of claim statements, each prepared once.
-            limit = int(min(1 << (free_async.bit_length() - 1), left))
-            batch = claim_batch(
-                self.worker_id,  # type: ignore[arg-type]
-                self.pools,
-                limit,
-                plan=plan,
-                job_types=(True, types),
-            )
-            short = len(batch) < limit
+            if self._worth_claiming(LOOP):
+                limit = int(min(_batch_size(free_async), left))
+                batch = self._claim_kind(LOOP, limit, plan, (True, types))
+                short = len(batch) < limit
+            else:
+                complete = False
         free_threads = int(min(free_threads, left - len(batch)))
         if free_threads > 0:
-            threads = claim_batch(
-                self.worker_id,  # type: ignore[arg-type]
-                self.pools,
-                free_threads,
-                plan=plan,
-                job_types=(False, types) if types else None,
-            )
-            batch += threads
-            short = short and len(threads) < free_threads
-        return batch, short
+            if not types or self._worth_claiming(THREADS):
+                job_types = (False, types) if types else None
+                threads = self._claim_kind(THREADS, free_threads, plan, job_types)
+                batch += threads
+                short = short and len(threads) < free_threads
+            else:
+                complete = False
+        return batch, short, complete
+
+    def _worth_claiming(self, kind: str) -> bool:
+        return (
+            self._recheck[kind]
+            or self._was_full[kind]
+            or time.monotonic() - self._claimed_at[kind] >= self.poll_interval
+        )
+
+    def _claim_kind(
+        self, kind: str, limit: int, plan: int, job_types: JobTypes | None
+    ) -> list[Claim]:
+        self._recheck[kind] = False
+        claims = claim_batch(
+            self.worker_id,  # type: ignore[arg-type]
+            self.pools,
+            limit,
+            plan=plan,
+            job_types=job_types,
+        )
+        self._was_full[kind] = len(claims) == limit
+        self._claimed_at[kind] = time.monotonic()
+        return claims
+
+    def _news(self) -> None:
+        """Something may have made runs of either kind due: new runs, woken sleepers."""
+        self._recheck[THREADS] = self._recheck[LOOP] = True
+        self.wake.set()
+        with self._slots:
+            self._slots.notify_all()
 
     def _wait_for_free_slots(self) -> tuple[int, int]:
-        """Block until a thread or an async slot is free (or the worker stops); return
-        how many runs may be claimed for each."""
+        """Block until a thread or an async slot is free and worth claiming for (or the
+        worker stops); return how many runs may be claimed for each."""
         async_types = bool(self.async_concurrency and self._async_types)
         with self._slots:
             while not self.stopping.is_set():
                 threads, loop = self._free()
-                if threads or (loop and async_types):
+                loop = loop if async_types else 0
+                if (threads and self._worth_claiming(THREADS)) or (
+                    loop and self._worth_claiming(LOOP)
+                ):
                     break
-                self._slots.wait(timeout=self.poll_interval)
+                # Until a slot frees, news comes, or a free kind's poll interval is up.
+                now = time.monotonic()
+                polls = [
+                    self._claimed_at[kind] + self.poll_interval - now
+                    for kind, slots in ((THREADS, threads), (LOOP, loop))
+                    if slots
+                ]
+                self._slots.wait(timeout=max(0.001, min(polls, default=self.poll_interval)))
             threads, loop = self._free()
         if not async_types:
             loop = 0
@@ -413,14 +465,18 @@ class JobWorker:
             max(0, self.async_concurrency - self._async_running),
         )
 
-    def _idle_done(self, writes: int, finished: int) -> bool:
+    def _idle_done(self, writes: int, finished: int, complete: bool) -> bool:
         """After a short claim: decide whether to stop (burst, max runs) or wait a poll interval.
 
         ``writes`` is the completer's count of writes before the claim began,
-        ``finished`` the count of runs this worker had finished.
+        ``finished`` the count of runs this worker had finished; ``complete``
+        whether both kinds of slot were claimed for.
         """
         if self.max_runs is not None and self.claimed >= self.max_runs:
             return True
+        if self.burst and not complete:
+            self._news()  # claim for both before deciding
+            return False
         if self.burst:
             with self._slots:
                 if self._in_flight or self._completer.busy():
@@ -448,15 +504,17 @@ class JobWorker:
             if new:
                 self._async_types |= new  # claimed for the loop from now on
             if self._event_loop is None:
-                self._event_loop = EventLoop(self._completer, self.hard_stop, self._async_done)
-            for attempt in on_loop:
-                self._event_loop.submit(attempt)
+                self._event_loop = EventLoop(
+                    self._completer, self.hard_stop, self._async_done, self.database_threads
+                )
+            self._event_loop.submit(on_loop)
         for attempt in attempts:
             if not (self.async_concurrency and attempt.is_async):
                 self._queue.put(attempt)
 
     def _async_done(self, attempt: Attempt, outcome: Outcome | None) -> None:
         """The event loop's report that an async run's task is over."""
+        self._recheck[LOOP] = True  # a retry, a freed key: more may be due
         with self._slots:
             self._in_flight.discard(attempt)
             self._async_running -= 1
@@ -487,6 +545,7 @@ class JobWorker:
             finally:
                 # A handed-off completion frees the slot now: the completer writes
                 # it (and wakes the claim loop) while this thread runs the next.
+                self._recheck[THREADS] = True
                 with self._slots:
                     self._in_flight.discard(attempt)
                     self.finished += 1
@@ -556,7 +615,7 @@ class JobWorker:
                 self._quietly(self._poll_cancel_requests)
             self._quietly(self._enforce_deadlines)
             if self._quietly(transitions.wake_sleepers):
-                self.wake.set()
+                self._news()
             if self.hard_stop.wait(self.tick):
                 break
         self._leave()
@@ -570,7 +629,7 @@ class JobWorker:
                 requeued,
                 failed,
             )
-            self.wake.set()
+            self._news()
 
     def _snapshot(self) -> list[Attempt]:
         with self._slots:
@@ -668,6 +727,14 @@ class JobWorker:
             logger.warning("worker=%s database error: %s", self.worker_id, exc)
             discard_broken_connections()
             return None
+
+
+def _batch_size(free: int) -> int:
+    """How many runs to claim for ``free`` async slots: a power of two below 64, a
+    multiple of 64 above, at most MAX_LOOP_BATCH. A few sizes, so a few claim
+    statements, each prepared once; a claim or two fill the slots."""
+    free = min(free, MAX_LOOP_BATCH)
+    return free - free % 64 if free >= 64 else 1 << (free.bit_length() - 1)
 
 
 def start_thread(target: Callable[[], object], name: str) -> threading.Thread:

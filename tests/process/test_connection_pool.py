@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
-from django_jobs import cancel, start
+from django_jobs import cancel, start, start_many
 from django_jobs.models import JobRun, JobStep, Status, Worker
 from tests.helpers import WorkerProcess, wait_until
 
@@ -67,7 +67,9 @@ def test_every_durable_feature_works_on_djangos_pool(start_worker: StartWorker) 
 def test_a_pool_too_small_for_the_concurrency_is_refused_in_one_line(
     start_worker: StartWorker,
 ) -> None:
-    worker = start_worker("--pool", "default", "--concurrency", "4", **POOL)
+    # Without async slots (the test app has async handlers, which need two more).
+    sync_only = ("--async-concurrency", "0")
+    worker = start_worker("--pool", "default", "--concurrency", "4", *sync_only, **POOL)
     assert worker.wait(timeout=60) == 1
     output = worker.output().strip()
     assert output.splitlines()[-1] == (
@@ -75,16 +77,39 @@ def test_a_pool_too_small_for_the_concurrency_is_refused_in_one_line(
         "for database 'default', which lends at most 4: set OPTIONS['pool'] = "
         "{'max_size': 5} or more, or lower --concurrency."
     )
-    worker = start_worker("--pool", "default", "--concurrency", "3", "--burst", **POOL)
+    worker = start_worker("--pool", "default", "--concurrency", "3", "--burst", *sync_only, **POOL)
     assert worker.wait(timeout=60) == 0, worker.output()
+    # With them: a database thread of the event loop's and Django's sync thread.
+    worker = start_worker("--pool", "default", "--concurrency", "2", **POOL)
+    assert worker.wait(timeout=60) == 1
+    assert worker.output().strip().splitlines()[-1] == (
+        "CommandError: --concurrency 2 and --async-concurrency 100 need 5 connections from "
+        "Django's connection pool for database 'default', which lends at most 4: set "
+        "OPTIONS['pool'] = {'max_size': 5} or more, or lower --concurrency (or pass "
+        "--async-concurrency 0)."
+    )
 
 
 def test_without_the_flag_the_default_concurrency_is_capped_to_the_pool(
     start_worker: StartWorker,
 ) -> None:
     start("tests.three_steps", {})
-    worker = start_worker("--pool", "default", "--burst", **POOL)
+    worker = start_worker("--pool", "default", "--burst", "--async-concurrency", "0", **POOL)
     assert worker.wait(timeout=60) == 0, worker.output()
     assert worker.output().count("concurrency=3 default=16 database=default pool_max_size=4") == 1
     assert Worker.objects.get(pid=worker.pid).concurrency == 3
     assert JobRun.objects.get().status == Status.COMPLETED
+
+
+def test_async_runs_on_a_pool_of_four(start_worker: StartWorker) -> None:
+    # One slot thread, the control threads', one database thread of the event
+    # loop's and Django's sync thread: the four the pool lends.
+    stepped = start_many("tests.async_three_steps", [{}] * 20)
+    parent = start("tests.async_parent", {"n": 3})
+    sync_run = start("tests.three_steps", {})
+    worker = start_worker("--pool", "default", "--burst", **POOL)
+    assert worker.wait(timeout=90) == 0, worker.output()
+    assert worker.output().count("concurrency=1 default=16 database=default pool_max_size=4") == 1
+    runs = [*stepped, parent, sync_run]
+    assert {status(run) for run in runs} == {Status.COMPLETED}
+    assert "unavailable" not in worker.output()

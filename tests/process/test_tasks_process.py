@@ -60,3 +60,29 @@ def test_a_running_task_that_never_checks_is_canceled_after_the_grace(
     assert result.attempts == 1
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=30) == 0, worker.output()
+
+
+def test_async_tasks_run_together_on_the_event_loop(start_worker: StartWorker) -> None:
+    results = [tasks.together_async.enqueue(n=20) for _ in range(20)]
+    worker = start_worker("--pool", "tasks", "--concurrency", "1", "--burst")
+    assert worker.wait(timeout=60) == 0, worker.output()
+    for result in results:
+        result.refresh()
+        assert result.status == TaskResultStatus.SUCCESSFUL
+        # Every one saw all twenty running at once, with one thread for sync runs.
+        assert result.return_value == 20
+
+
+def test_an_async_task_whose_worker_is_killed_is_run_again(start_worker: StartWorker) -> None:
+    result = tasks.nap_async.enqueue(seconds=30)
+    victim = start_worker("--pool", "tasks")
+    wait_until(lambda: Execution.objects.filter(run_id=run_id(result.id)).exists())
+    victim.signal(signal.SIGKILL)
+    victim.wait(timeout=10)
+    JobRun.objects.filter(pk=run_id(result.id)).update(input={"args": [], "kwargs": {"seconds": 0}})
+    start_worker("--pool", "tasks")
+    wait_until(lambda: status_of(result.id) == Status.COMPLETED, timeout=30)
+    result.refresh()
+    assert result.return_value == 2
+    attempts = Execution.objects.filter(run_id=run_id(result.id)).values_list("attempt", flat=True)
+    assert sorted(attempts) == [1, 2]

@@ -114,6 +114,8 @@ def test_one_line_per_outcome_and_no_payloads(start_worker: StartWorker) -> None
     [
         (["--concurrency", "0"], "expected an integer from 1 to 1000, got '0'"),
         (["--concurrency", "abc"], "expected an integer from 1 to 1000, got 'abc'"),
+        (["--async-concurrency", "-1"], "expected an integer from 0 to 10000, got '-1'"),
+        (["--async-concurrency", "1e3"], "expected an integer from 0 to 10000, got '1e3'"),
         (["--max-runs", "-3"], "expected a positive integer, got '-3'"),
         (["--poll-interval", "nan"], "expected a positive number of seconds"),
         (["--poll-interval", "1e12"], "expected a positive number of seconds up to 86400"),

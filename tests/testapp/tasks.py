@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from typing import Any
@@ -76,4 +77,36 @@ def nap(context: TaskContext, seconds: float) -> int:
         pid=os.getpid(),
     )
     time.sleep(seconds)
+    return context.attempt
+
+
+# How many runs of together_async this process runs at this moment, and the most seen.
+together = {"now": 0, "most": 0}
+
+
+@task(queue_name="tasks")
+async def together_async(n: int) -> int:
+    """Wait (up to 20 s) until ``n`` runs of this task run at once in this process;
+    return the most seen. On a worker's event loop they overlap with one thread."""
+    together["now"] += 1
+    together["most"] = max(together["most"], together["now"])
+    try:
+        deadline = time.monotonic() + 20
+        while together["most"] < n and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return together["most"]
+    finally:
+        together["now"] -= 1
+
+
+@task(takes_context=True, queue_name="tasks", retry=RetryPolicy(attempts=2, base_delay=0))
+async def nap_async(context: TaskContext, seconds: float) -> int:
+    """``nap`` as an async task: records the attempt through the async ORM, then sleeps."""
+    await Execution.objects.acreate(
+        run_id=run_id_of(context.task_result.id),
+        job_type="nap",
+        attempt=context.attempt,
+        pid=os.getpid(),
+    )
+    await asyncio.sleep(seconds)
     return context.attempt

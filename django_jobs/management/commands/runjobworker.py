@@ -135,7 +135,9 @@ class Command(JobsCommand):
         if refused:
             raise CommandError(refused)
         wait_for_database(alias, options["start_timeout"])
-        slots = self._concurrency(options["concurrency"], options["async_concurrency"], alias)
+        slots, database_threads = self._concurrency(
+            options["concurrency"], options["async_concurrency"], alias
+        )
         if options["metrics_port"] is not None:
             self._serve_metrics(options["metrics_port"], options["metrics_addr"])
         pools = options["pools"] or ["default"]
@@ -144,6 +146,7 @@ class Command(JobsCommand):
             pools,
             concurrency=slots,
             async_concurrency=options["async_concurrency"],
+            database_threads=database_threads,
             burst=options["burst"],
             max_runs=options["max_runs"],
             poll_interval=options["poll_interval"],
@@ -164,15 +167,16 @@ class Command(JobsCommand):
         if code:
             sys.exit(code)
 
-    def _concurrency(self, requested: int | None, async_runs: int, alias: str) -> int:
-        """The slots to run: --concurrency, refused when the server or Django's pool
-        cannot serve it; without the flag, the default, capped to what they can."""
+    def _concurrency(self, requested: int | None, async_runs: int, alias: str) -> tuple[int, int]:
+        """The slots to run and the event loop's database threads: --concurrency,
+        refused when the server or Django's pool cannot serve it; without the flag,
+        the default, capped to what they can."""
         limit, size = connection_limit(alias), pool_size(alias)
         # The slots' connections and the control threads' one (storage/control.py) come
         # from Django's pool when there is one; the LISTEN connection does not. Async
         # runs add the event loop's database threads, and Django's sync thread
-        # (their ORM calls), once the worker meets one.
-        extra = DATABASE_THREADS + 1 if async_runs and _may_run_async() else 0
+        # (their ORM calls), once the worker meets one: at least one of each.
+        extra = 2 if async_runs and _may_run_async() else 0
         if requested is None:
             requested = default_concurrency(alias, limit, size, extra)
         if limit is not None and requested > limit:
@@ -182,13 +186,21 @@ class Command(JobsCommand):
             )
         needed = requested + 1 + extra
         if size is not None and size < needed:
-            also = f" and --async-concurrency {async_runs}" if extra else ""
-            raise CommandError(
-                f"--concurrency {requested}{also} need {needed} connections from "
-                f"Django's connection pool for database {alias!r}, which lends at most {size}: "
-                f"set OPTIONS['pool'] = {{'max_size': {needed}}} or more, or lower --concurrency."
+            who = (
+                f"--concurrency {requested} and --async-concurrency {async_runs} need"
+                if extra
+                else f"--concurrency {requested} needs"
             )
-        return requested
+            raise CommandError(
+                f"{who} {needed} connections from "
+                f"Django's connection pool for database {alias!r}, which lends at most {size}: "
+                f"set OPTIONS['pool'] = {{'max_size': {needed}}} or more, or lower --concurrency"
+                + (" (or pass --async-concurrency 0)." if extra else ".")
+            )
+        if size is None or not extra:
+            return requested, DATABASE_THREADS
+        # What the pool has left after the slots, the control threads and Django's sync thread.
+        return requested, min(DATABASE_THREADS, size - requested - 2)
 
     def _serve_metrics(self, port: int, addr: str) -> None:
         try:
