@@ -31,10 +31,11 @@ def latency(ctx: JobContext) -> Any:
 
 
 # The io case's handler, registered only in that case's processes (BENCH_IO=1, set by
-# bench/peers/django_jobs_bench.py). With an async handler registered a worker also
-# claims for its event loop, and at 2e31825 that cut the sync cases' drain about 20x
-# (drain1, 20,000 runs: 160-190 runs/s against 3,200-4,300 without; idle latency p50
-# 40-51 ms against 5-6): they keep measuring the project they always did.
+# bench/peers/django_jobs_bench.py), so that the other cases keep measuring a project
+# of sync handlers. With an async handler registered a worker also claims for its
+# event loop: at 2e31825 that cut drain1 about 20x (160-190 runs/s against
+# 3,200-4,300); at 2861a2b the drains are as fast, but a sync run's idle latency
+# p50 is 32-47 ms against 5-6 ms.
 if os.environ.get("BENCH_IO") == "1":
 
     @job("bench.io")
