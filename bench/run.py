@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """django_jobs beside its peers, on this machine, in one run, interleaved by round.
 
-    python3 bench/run.py                  # 3 rounds, 20,000 runs per drain (~18 min)
-    python3 bench/run.py --quick          # smoke run: 1 round, small N (~70 s)
+    python3 bench/run.py                  # 3 rounds, 20,000 runs per drain (~19 min)
+    python3 bench/run.py --quick          # smoke run: 1 round, small N (~90 s)
     python3 bench/run.py --rounds 5 --n 20000 --concurrency 16
     python3 bench/run.py --concurrency default   # runjobworker without --concurrency
     python3 bench/run.py --database mariadb      # django_jobs and django-tasks-db on MariaDB
+    python3 bench/run.py --only django_jobs:io,pgqueuer:io,procrastinate:io   # I/O-bound
 
 Each system (django_jobs, PgQueuer, Procrastinate, django-tasks-db) gets its own
 virtual environment under bench/.venvs/ (created on first use; --reinstall rebuilds)
@@ -74,9 +75,13 @@ PLAN = [
     ("procrastinate", "drain1"),
     ("django_tasks_db", "drain1"),
     ("django_tasks_db", "drain2"),
+    # The I/O-bound case: 0.1 s of asyncio.sleep per run, C runs at once.
+    ("pgqueuer", "io"),
+    ("django_jobs", "io"),
+    ("procrastinate", "io"),
 ]
 # The round on MariaDB: the cases that run there. PgQueuer and Procrastinate are
-# PostgreSQL queues; django_jobs' history and rss cases are written for PostgreSQL.
+# PostgreSQL queues; django_jobs' history, rss and io cases are written for PostgreSQL.
 MARIADB_PLAN = [
     ("django_tasks_db", "drain1"),
     ("django_jobs", "drain1"),
@@ -85,12 +90,15 @@ MARIADB_PLAN = [
     ("django_jobs", "steps"),
 ]
 CASES = {
-    "django_jobs": ["drain1", "drain2", "steps", "history", "rss"],
-    "pgqueuer": ["drain1", "drain2"],
-    "procrastinate": ["drain1", "drain2"],
+    "django_jobs": ["drain1", "drain2", "steps", "history", "rss", "io"],
+    "pgqueuer": ["drain1", "drain2", "io"],
+    "procrastinate": ["drain1", "drain2", "io"],
     "django_tasks_db": ["drain1", "drain2"],
 }
 CASE_TIMEOUT = 1800  # seconds; a driver still running then is stopped
+# The io case's runs unless --n is given: the issue's figure (at --io-concurrency 500
+# ten waves of 0.1 s); --quick: 1,000, as Procrastinate takes ~20 s over 5,000.
+IO_N, IO_N_QUICK = 5000, 1000
 
 
 def main() -> None:
@@ -170,12 +178,25 @@ def concurrency_option(value: str) -> str:
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--rounds", type=int, default=None, help="rounds (default 3; --quick: 1)")
-    p.add_argument("--n", type=int, default=None, help="runs per drain (default 20000; 2000)")
+    p.add_argument(
+        "--n",
+        type=int,
+        default=None,
+        help=f"runs per drain (default 20000; --quick: 2000; the io case: {IO_N}; "
+        f"--quick: {IO_N_QUICK})",
+    )
     p.add_argument(
         "--concurrency",
         type=concurrency_option,
         default="16",
         help="runjobworker --concurrency N; 'default' passes no --concurrency (default 16)",
+    )
+    p.add_argument(
+        "--io-concurrency",
+        type=int,
+        default=500,
+        help="the io case's runs at once: runjobworker --async-concurrency, PgQueuer's "
+        "max_concurrent_tasks, procrastinate worker --concurrency (default 500)",
     )
     p.add_argument("--lat-samples", type=int, default=None, help="latency samples (25; 10)")
     p.add_argument("--history", type=int, default=None, help="completed rows (1M; 100k)")
@@ -202,7 +223,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--setup-only", action="store_true", help="only create the venvs")
     p.add_argument("--summarize", metavar="JSONL", help="only rebuild the summary of a raw file")
     args = p.parse_args()
+    if args.io_concurrency < 1:
+        p.error("--io-concurrency must be a positive integer")
     quick = args.quick
+    args.io_n = args.n if args.n is not None else (IO_N_QUICK if quick else IO_N)
     defaults = {
         "rounds": (3, 1),
         "n": (20000, 2000),
@@ -308,7 +332,7 @@ def run_case(system: str, case: str, rnd: int, args: argparse.Namespace) -> dict
         "--case",
         case,
         "--n",
-        str(args.n),
+        str(args.io_n if case == "io" else args.n),
         "--concurrency",
         str(args.concurrency),
         "--lat-samples",
@@ -317,6 +341,8 @@ def run_case(system: str, case: str, rnd: int, args: argparse.Namespace) -> dict
         str(args.history),
         "--rss-runs",
         str(args.rss_runs),
+        "--io-concurrency",
+        str(args.io_concurrency),
         "--out",
         out,
     ]
@@ -460,7 +486,16 @@ def machine_info(systems: Sequence[str], args: argparse.Namespace) -> dict[str, 
         "versions": {s: package_versions(s, args.database) for s in systems},
         "options": {
             k: getattr(args, k)
-            for k in ("rounds", "n", "concurrency", "lat_samples", "history", "rss_runs")
+            for k in (
+                "rounds",
+                "n",
+                "concurrency",
+                "lat_samples",
+                "history",
+                "rss_runs",
+                "io_n",
+                "io_concurrency",
+            )
         }
         | {"worker_verbosity": args.worker_verbosity, "quick": args.quick},
     }
@@ -486,6 +521,9 @@ def brief(record: dict[str, Any]) -> str:
         ("lat_p50_ms", "p50 ms"),
         ("lat_p90_ms", "p90 ms"),
         ("rss_growth_mb", "RSS +MB"),
+        ("span_s", "span s"),
+        ("span_over_ideal", "span/ideal"),
+        ("max_connections", "max conns"),
         ("foreign_cores", "foreign cores"),
     ]
     parts = [f"{label} {record[k]:,}" for k, label in keys if record.get(k) is not None]

@@ -173,6 +173,7 @@ def summarize(records: list[dict[str, Any]], raw_name: str) -> str:
         "|---|---|---|---|---|---|",
         *("| " + " | ".join(row) + " |" for row in targets),
         "",
+        *io_section(rec),
         *every_system(rec),
     ]
     lines += [
@@ -188,6 +189,99 @@ def summarize(records: list[dict[str, Any]], raw_name: str) -> str:
     lines += per_round(ok)
     lines += error_lines(runs)
     return "\n".join(lines) + "\n"
+
+
+# The io case's targets (the issue): django_jobs' DB span at most IO_IDEAL_TARGET times
+# the ideal, at most PgQueuer's, and its worker holding at most IO_CONNECTIONS_TARGET
+# connections (at --io-concurrency 500).
+IO_IDEAL_TARGET = 1.5
+IO_CONNECTIONS_TARGET = 10
+IO_SYSTEMS = ("django_jobs", "pgqueuer", "procrastinate")
+
+
+def io_section(rec: Records) -> list[str]:
+    """The io case: the systems side by side, the targets, and round by round."""
+    if not any(r["case"] == "io" for r in rec.ok):
+        return []
+    values, by_round = rec.values, rec.by_round
+    dj, pgq = "django_jobs", "pgqueuer"
+    io = [r for r in rec.ok if r["case"] == "io"]
+    n = sorted({r["n"] for r in io})
+    conc = sorted({r["io_concurrency"] for r in io if r.get("io_concurrency")})
+    ideal = sorted({r["ideal_s"] for r in io if r.get("ideal_s")})
+    lines = [
+        f"## I/O-bound (io): {' / '.join(f'{x:,}' for x in n)} runs of `asyncio.sleep(0.1)`,"
+        f" one worker process, {' / '.join(map(str, conc))} at once",
+        "",
+        "DB span: first start to last finish, from each system's own tables; ideal:"
+        f" ceil(N / C) {TIMES} 0.1 s; drain wall: the poller's, from the first finished"
+        " run seen to the last (every 50 ms); connections: the most PostgreSQL sessions"
+        " of the worker process seen in pg_stat_activity, sampled every 50 ms during the"
+        " drain.",
+        "",
+        "| system (config) | DB span s | ideal s | span / ideal | drain wall s"
+        " | max connections | bulk enqueue s | foreign load, cores |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for system in IO_SYSTEMS:
+        if not values(system, "io", "n"):
+            continue
+        configs = sorted({r["config"] for r in io if r["system"] == system and "config" in r})
+        label = LABELS[system] + (f" ({'; '.join(configs)})" if configs else "")
+        lines.append(
+            f"| {label} | {mmm(values(system, 'io', 'span_s'), '.2f')}"
+            f" | {mmm(values(system, 'io', 'ideal_s'), '.1f')}"
+            f" | {mmm(values(system, 'io', 'span_over_ideal'), '.2f', TIMES)}"
+            f" | {mmm(values(system, 'io', 'drain_s'), '.2f')}"
+            f" | {mmm(values(system, 'io', 'max_connections'), 'g')}"
+            f" | {mmm(values(system, 'io', 'enqueue_s'), '.2f')}"
+            f" | {mmm(values(system, 'io', 'foreign_cores'), '.2f')} |"
+        )
+    over_ideal = values(dj, "io", "span_over_ideal")
+    vs_pgq = rec.ratio((dj, "io", "span_s"), (pgq, "io", "span_s"))
+    conns = values(dj, "io", "max_connections")
+    med = {
+        k: statistics.median(v) if v else None
+        for k, v in {"ideal": over_ideal, "pgq": vs_pgq, "conns": conns}.items()
+    }
+
+    def met(value: float | None, ok: bool) -> str:
+        return "n/a" if value is None else ("yes" if ok else "**no**")
+
+    at = f" at C = {' / '.join(map(str, conc))}" if conc else ""
+    lines += [
+        "",
+        "| target (django_jobs) | figure | met |",
+        "|---|---|---|",
+        f"| DB span ≤ {IO_IDEAL_TARGET}{TIMES} the ideal"
+        f" ({' / '.join(f'{x:.1f}' for x in ideal)} s){at}"
+        f" | {mmm(over_ideal, '.2f', TIMES)}"
+        f" | {met(med['ideal'], (med['ideal'] or 0) <= IO_IDEAL_TARGET)} |",
+        f"| at least as fast as PgQueuer: DB span, django_jobs / PgQueuer ≤ 1.0{TIMES}"
+        f" | {mmm(vs_pgq, '.2f', TIMES)} | {met(med['pgq'], (med['pgq'] or 0) <= 1.0)} |",
+        f"| worker's connections ≤ {IO_CONNECTIONS_TARGET}{at} (max in pg_stat_activity)"
+        f" | {mmm(conns, 'g')}"
+        f" | {met(med['conns'], max(conns or [0]) <= IO_CONNECTIONS_TARGET)} |",
+        "",
+        "Round by round (DB span s, span / ideal; max connections):",
+        "",
+        "| round | django_jobs | PgQueuer | Procrastinate | django_jobs / PgQueuer |",
+        "|---|---|---|---|---|",
+    ]
+    spans = {s: by_round(s, "io", "span_s") for s in IO_SYSTEMS}
+    ratios = {s: by_round(s, "io", "span_over_ideal") for s in IO_SYSTEMS}
+    peaks = {s: by_round(s, "io", "max_connections") for s in IO_SYSTEMS}
+    pair = rec.ratio_by_round((dj, "io", "span_s"), (pgq, "io", "span_s"))
+    for rnd in sorted({r["round"] for r in io}):
+        cells = [
+            f"{fmt(spans[s].get(rnd), '.2f')} ({fmt(ratios[s].get(rnd), '.2f', TIMES)};"
+            f" {fmt(peaks[s].get(rnd), 'g')})"
+            if rnd in spans[s]
+            else "n/a"
+            for s in IO_SYSTEMS
+        ]
+        lines.append(f"| {rnd} | {' | '.join(cells)} | {fmt(pair.get(rnd), '.2f', TIMES)} |")
+    return [*lines, ""]
 
 
 def every_system(rec: Records) -> list[str]:
@@ -404,6 +498,7 @@ def machine_lines(meta: dict[str, Any], raw_name: str) -> list[str]:
     )
     python = sorted({vs["python"] for vs in versions.values()})
     verbosity = opts["worker_verbosity"]
+    io = f"; io: {opts['io_n']:,} runs, {opts['io_concurrency']} at once" if "io_n" in opts else ""
     return [
         f"- Date: {meta['date']}; django_jobs at `{meta['django_jobs_commit']}`; raw: `{raw_name}`",
         f"- Machine: {meta['nproc']} CPUs ({meta['cpu']}), {meta['ram_gib']} GiB RAM, "
@@ -412,7 +507,7 @@ def machine_lines(meta: dict[str, Any], raw_name: str) -> list[str]:
         f"- {opts['rounds']} round(s); {opts['n']:,} no-op runs per drain; runjobworker "
         f"{worker_flags(opts['concurrency'])}, "
         + ("default verbosity" if verbosity is None else f"-v {verbosity}")
-        + f"; {opts['lat_samples']} latency samples per system and round"
+        + f"; {opts['lat_samples']} latency samples per system and round{io}"
         + (" (**quick mode**: smoke test, not for comparisons)" if opts["quick"] else ""),
     ]
 

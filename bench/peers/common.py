@@ -1,5 +1,5 @@
 """What every system's driver shares: databases, worker processes, the drain poller,
-the latency probe, RSS and the foreign-load monitor.
+the latency probe, RSS, the foreign-load monitor and the io case's connection count.
 
 A driver (``<system>_bench.py``) measures one case of one system in a fresh scratch
 database and writes one JSON record; ``bench/run.py`` runs the drivers round by round.
@@ -158,10 +158,15 @@ def rss_of_group(pgid: int) -> dict[str, Any]:
 
 
 def wait_drained(
-    db: str, done_sql: str, n: int, workers: Workers, timeout: float | None = None
+    db: str,
+    done_sql: str,
+    n: int,
+    workers: Workers,
+    timeout: float | None = None,
+    poll: float = POLL,
 ) -> dict[str, Any]:
-    """Count finished runs every POLL s until ``n`` are. Rate = runs finished after the
-    first observed progress / time from that observation until all are finished."""
+    """Count finished runs every ``poll`` s until ``n`` are. Rate = runs finished after
+    the first observed progress / time from that observation until all are finished."""
     timeout = timeout or max(300.0, n / 20)
     started = time.monotonic()
     first_t: float | None = None
@@ -179,7 +184,7 @@ def wait_drained(
             if now - started > timeout:
                 raise TimeoutError(f"drain not finished after {timeout:.0f} s: {done}/{n}")
             workers.check_alive(f"{done}/{n} finished")
-            time.sleep(POLL)
+            time.sleep(poll)
     assert first_t is not None
     span = now - first_t
     return {
@@ -316,6 +321,151 @@ def _cpu_by_process() -> dict[int, tuple[int, int, int, str]]:
     return out
 
 
+# --- the io case ------------------------------------------------------------------
+
+IO_SECONDS = 0.1  # what each run of the io case awaits (asyncio.sleep)
+IO_POLL = 0.05  # its drain lasts about a second: count finished runs every 50 ms
+
+
+def io_figures(n: int, concurrency: int, span: float | None) -> dict[str, Any]:
+    """The io case's figures from its DB span: the ideal time at ``concurrency`` runs
+    at once (ceil(n / C) waves of IO_SECONDS each) and span / ideal."""
+    ideal = math.ceil(n / concurrency) * IO_SECONDS
+    return {
+        "io_concurrency": concurrency,
+        "span_s": round(span, 3) if span else None,
+        "ideal_s": round(ideal, 3),
+        "span_over_ideal": round(span / ideal, 2) if span else None,
+        "drain_db_per_s": round(n / span, 1) if span else None,
+    }
+
+
+class ConnectionSampler:
+    """The most PostgreSQL sessions the worker processes held at once, sampled from
+    ``pg_stat_activity`` every ``interval`` s by a thread of the driver.
+
+    A session counts when its client end is a socket of a process of one of the
+    workers' process groups. Each sample lists those processes' open sockets
+    (``/proc/<pid>/fd``), finds in the TCP tables (``/proc/<pid>/net/tcp``, ``tcp6``)
+    the local ports of the ones connected to the server's port, and counts the client
+    backends of ``pg_stat_activity`` coming from this host (the sampler's own
+    ``inet_client_addr()``) from those ports. So no system has to be configured for it
+    (PgQueuer's asyncpg connection, Procrastinate's pool and Django's connections
+    alike, whatever ``application_name`` each sets), every database the worker uses
+    counts, and the driver's own connections (enqueue, drain poller, this sampler)
+    do not, whatever their pids. ``max_sockets`` is the same count from the sockets
+    alone, a cross-check. It needs TCP: with ``BENCH_PGHOST`` a socket directory
+    there are no client ports, and the counts are None. With ``enabled`` false it
+    samples nothing and its result is empty (the cases that do not count).
+    """
+
+    def __init__(self, pgids: Sequence[int], interval: float = 0.05, enabled: bool = True):
+        self.enabled = enabled
+        self.pgids = set(pgids)
+        self.interval = interval
+        self.port = int(servers.PGPORT)
+        self.samples = 0
+        self.max_sessions = 0
+        self.max_sockets = 0
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self.result: dict[str, Any] = {}
+
+    def __enter__(self) -> ConnectionSampler:
+        if self.enabled:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.enabled:
+            return
+        self._stop.set()
+        self._thread.join()
+        usable = self.samples and self.error is None
+        self.result = {
+            "max_connections": self.max_sessions if usable else None,
+            "max_sockets": self.max_sockets if usable else None,
+            "connection_samples": self.samples,
+        }
+        if self.error:
+            self.result["connection_sampler_error"] = self.error
+
+    def _loop(self) -> None:
+        if not servers.POSTGRESQL or servers.PGHOST.startswith("/"):
+            self.error = "PostgreSQL over TCP only"
+            return
+        try:
+            with connect(None) as conn:
+                cur = conn.cursor()
+                members: list[int] = []
+                listed = 0.0
+                while not self._stop.is_set():
+                    t = time.monotonic()
+                    if t - listed >= 1.0:  # the groups' members: the worker, its children
+                        members, listed = _group_members(self.pgids), t
+                    ports = _server_ports(members, self.port)
+                    cur.execute(
+                        "SELECT count(*) FROM pg_stat_activity"
+                        " WHERE backend_type = 'client backend'"
+                        " AND client_addr IS NOT DISTINCT FROM inet_client_addr()"
+                        " AND client_port = ANY(%s)",
+                        [sorted(ports)],
+                    )
+                    sessions = int(cur.fetchone()[0])
+                    self.samples += 1
+                    self.max_sessions = max(self.max_sessions, sessions)
+                    self.max_sockets = max(self.max_sockets, len(ports))
+                    self._stop.wait(max(0.0, self.interval - (time.monotonic() - t)))
+        except Exception as exc:  # the drain goes on; the record says why there is no count
+            self.error = f"{type(exc).__name__}: {exc}"
+
+
+def _group_members(pgids: set[int]) -> list[int]:
+    """The live processes of the process groups ``pgids``."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) in pgids and fields[0] != "Z":
+                members.append(int(entry))
+    return members
+
+
+def _server_ports(pids: Sequence[int], server_port: int) -> set[int]:
+    """Local ports of the established TCP connections to ``server_port`` whose socket
+    one of ``pids`` has open."""
+    inodes: set[str] = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    if target.startswith("socket:["):
+                        inodes.add(target[8:-1])
+    ports: set[int] = set()
+    if not inodes:
+        return ports
+    for table in ("tcp", "tcp6"):
+        # One network namespace: any of the processes' tables is the host's.
+        with contextlib.suppress(OSError), open(f"/proc/{pids[0]}/net/{table}") as f:
+            next(f)  # the header
+            for line in f:
+                fields = line.split()
+                local, remote, state, inode = fields[1], fields[2], fields[3], fields[9]
+                if (
+                    state == "01"  # ESTABLISHED
+                    and inode in inodes
+                    and int(remote.rsplit(":", 1)[1], 16) == server_port
+                ):
+                    ports.add(int(local.rsplit(":", 1)[1], 16))
+    return ports
+
+
 # --- the driver's command line ----------------------------------------------------
 
 
@@ -329,6 +479,7 @@ def driver_main(measure: Callable[[argparse.Namespace], dict[str, Any]]) -> None
     parser.add_argument("--history", type=int, default=1_000_000)
     parser.add_argument("--rss-runs", type=int, default=100_000)
     parser.add_argument("--worker-verbosity", type=int, default=None)
+    parser.add_argument("--io-concurrency", type=int, default=500)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     record: dict[str, Any] = {"case": args.case, "n": args.n}

@@ -2,10 +2,13 @@
 
 Cases: drain1 (bulk enqueue, drain by 1 worker, then idle latency), drain2 (2 workers),
 steps (3-step runs, 1 worker), history (drain1 with completed runs of history in the
-table), rss (worker RSS after warm-up and after --rss-runs runs). Workers are
+table), rss (worker RSS after warm-up and after --rss-runs runs), io (N runs of the
+async handler ``bench.io``, each awaiting 0.1 s, by one worker). Workers are
 ``manage.py runjobworker --pool default --concurrency C``, or without ``--concurrency``
-when C is ``default``. On MariaDB: drain1, drain2 and steps (history and rss are
-written for PostgreSQL).
+when C is ``default``; io's is ``manage.py runjobworker --pool default
+--async-concurrency C`` (its threads' --concurrency left at runjobworker's default:
+the case has no sync runs). On MariaDB: drain1, drain2 and steps (history and rss are
+written for PostgreSQL; io counts the worker's sessions in pg_stat_activity).
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ DB = "bench_run_djjobs"
 PROJECT = os.path.join(common.BENCH_DIR, "project")
 LAT_FILE = f"/tmp/{DB}_lat.txt"
 TERMINAL = "('completed', 'failed', 'timed_out', 'canceled')"
-# generate_series, VACUUM and CHECKPOINT (history); not yet measured elsewhere (rss).
-POSTGRESQL_ONLY = ("history", "rss")
+# generate_series, VACUUM and CHECKPOINT (history); not yet measured elsewhere (rss);
+# the connections counted in pg_stat_activity (io).
+POSTGRESQL_ONLY = ("history", "rss", "io")
 
 os.environ["BENCH_DATABASE_URL"] = common.url(DB)
 os.environ["BENCH_LAT_FILE"] = LAT_FILE
@@ -34,6 +38,10 @@ sys.path.insert(0, common.BENCH_DIR)
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     if args.case in POSTGRESQL_ONLY and not common.servers.POSTGRESQL:
         raise RuntimeError(f"the {args.case} case runs on PostgreSQL only")
+    if args.case == "io":
+        # bench.io is registered only where this is set: here and in the worker, which
+        # inherits it (see bench/project/benchapp/jobs.py).
+        os.environ["BENCH_IO"] = "1"
     common.recreate_db(DB)
     common.fresh_file(LAT_FILE)
     import django
@@ -49,18 +57,26 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     if case == "rss":
         record.update(measure_rss(args))
         return record
-    job = "bench.steps" if case == "steps" else "bench.noop"
+    job = {"steps": "bench.steps", "io": "bench.io"}.get(case, "bench.noop")
+    io = case == "io"
+    if io:
+        record["config"] = f"--async-concurrency {args.io_concurrency}"
     base = last_id()
     record.update(enqueue(job, args.n))
     common.analyze(DB, "django_jobs_jobrun")
     done_sql = f"SELECT count(*) FROM django_jobs_jobrun WHERE id > {base} AND status IN {TERMINAL}"
-    with common.Workers(
-        f"django_jobs_{case}", [worker_cmd(args)] * record["workers"], PROJECT, {}
-    ) as workers:
-        with common.LoadMonitor() as load:
-            record.update(common.wait_drained(DB, done_sql, args.n, workers))
-        record.update(load.result)
+    cmd = io_worker_cmd(args) if io else worker_cmd(args)
+    with common.Workers(f"django_jobs_{case}", [cmd] * record["workers"], PROJECT, {}) as workers:
+        pgids = [p.pid for p in workers.procs]
+        poll = common.IO_POLL if io else common.POLL
+        sampler = common.ConnectionSampler(pgids, enabled=io)
+        with common.LoadMonitor() as load, sampler:
+            record.update(common.wait_drained(DB, done_sql, args.n, workers, poll=poll))
+        record.update(load.result, **sampler.result)
         record.update(db_rate(base, args.n))
+        if io:
+            span = common.span_seconds(DB, "django_jobs_jobrun", f"id > {base}")
+            record.update(common.io_figures(args.n, args.io_concurrency, span))
         if case == "drain1":
             from django_jobs import start
 
@@ -76,6 +92,15 @@ def worker_cmd(args: argparse.Namespace) -> list[str]:
     cmd = [sys.executable, "manage.py", "runjobworker", "--pool", "default"]
     if args.concurrency != "default":
         cmd += ["--concurrency", args.concurrency]
+    if args.worker_verbosity is not None:
+        cmd += ["-v", str(args.worker_verbosity)]
+    return cmd
+
+
+def io_worker_cmd(args: argparse.Namespace) -> list[str]:
+    """The io case's worker: async runs on its event loop, --io-concurrency at once."""
+    cmd = [sys.executable, "manage.py", "runjobworker", "--pool", "default"]
+    cmd += ["--async-concurrency", str(args.io_concurrency)]
     if args.worker_verbosity is not None:
         cmd += ["-v", str(args.worker_verbosity)]
     return cmd

@@ -1,5 +1,11 @@
 """Procrastinate driver: drain1 (bulk enqueue with ``batch_defer``, one
-``procrastinate worker --concurrency 10`` process, idle latency) and drain2 (2 processes).
+``procrastinate worker --concurrency 10`` process, idle latency), drain2 (2 processes)
+and io (N runs of the async task ``io``, each awaiting 0.1 s, by one
+``procrastinate worker --concurrency C`` process: an async task runs on the worker's
+event loop, C of them at once).
+
+The worker's connections come from the connector's psycopg pool, left at its defaults
+(``PsycopgConnector(conninfo=...)``), as for the other cases.
 """
 
 from __future__ import annotations
@@ -39,31 +45,41 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         env=dict(os.environ, **env),
     )
     workers_n = 2 if args.case == "drain2" else 1
-    record: dict[str, Any] = {"workers": workers_n, "config": f"--concurrency {CONCURRENCY}"}
+    io = args.case == "io"
+    task = procrastinate_app.io if io else procrastinate_app.noop
+    concurrency = args.io_concurrency if io else CONCURRENCY
+    record: dict[str, Any] = {"workers": workers_n, "config": f"--concurrency {concurrency}"}
     n = args.n
     with procrastinate_app.app.open():
         t = time.perf_counter()
-        procrastinate_app.noop.batch_defer(*([{}] * n))
+        task.batch_defer(*([{}] * n))
         seconds = time.perf_counter() - t
         record.update(enqueue_s=round(seconds, 3), enqueue_per_s=round(n / seconds, 1))
         common.scalar(DB, "VACUUM ANALYZE procrastinate_jobs")
         done_sql = (
             "SELECT count(*) FROM procrastinate_jobs"
-            " WHERE task_name = 'noop' AND status IN ('succeeded', 'failed')"
+            f" WHERE task_name = '{task.name}' AND status IN ('succeeded', 'failed')"
         )
-        cmd = [*cli, "worker", f"--concurrency={CONCURRENCY}"]
+        cmd = [*cli, "worker", f"--concurrency={concurrency}"]
         with common.Workers(f"procrastinate_{args.case}", [cmd] * workers_n, HERE, env) as workers:
-            with common.LoadMonitor() as load:
-                record.update(common.wait_drained(DB, done_sql, n, workers))
-            record.update(load.result)
+            pgids = [p.pid for p in workers.procs]
+            poll = common.IO_POLL if io else common.POLL
+            sampler = common.ConnectionSampler(pgids, enabled=io)
+            with common.LoadMonitor() as load, sampler:
+                record.update(common.wait_drained(DB, done_sql, n, workers, poll=poll))
+            record.update(load.result, **sampler.result)
             span = common.scalar(
                 DB,
                 "SELECT extract(epoch FROM max(e.at) FILTER (WHERE e.type = 'succeeded')"
                 " - min(e.at) FILTER (WHERE e.type = 'started'))"
                 " FROM procrastinate_events e JOIN procrastinate_jobs j ON j.id = e.job_id"
-                " WHERE j.task_name = 'noop'",
+                f" WHERE j.task_name = '{task.name}'",
             )
-            record["drain_db_per_s"] = round(n / float(span), 1) if span else None
+            span = float(span) if span else None
+            if io:
+                record.update(common.io_figures(n, concurrency, span))
+            else:
+                record["drain_db_per_s"] = round(n / span, 1) if span else None
             failed = common.scalar(
                 DB, "SELECT count(*) FROM procrastinate_jobs WHERE status <> 'succeeded'"
             )

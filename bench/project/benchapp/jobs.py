@@ -1,7 +1,9 @@
-"""The benchmark's handlers: a no-op, a three-step run, and a latency probe."""
+"""The benchmark's handlers: a no-op, a three-step run, a latency probe, and the io
+case's async run (0.1 s of simulated I/O)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from typing import Any
@@ -26,3 +28,16 @@ def steps(ctx: JobContext) -> int:
 def latency(ctx: JobContext) -> Any:
     with open(os.environ["BENCH_LAT_FILE"], "a") as f:
         f.write(f"{ctx.input['tag']} {time.time()}\n")
+
+
+# The io case's handler, registered only in that case's processes (BENCH_IO=1, set by
+# bench/peers/django_jobs_bench.py), so that the other cases keep measuring a project
+# of sync handlers. With an async handler registered a worker also claims for its
+# event loop: at 2e31825 that cut drain1 about 20x (160-190 runs/s against
+# 3,200-4,300); at 2861a2b the drains are as fast, but a sync run's idle latency
+# p50 is 32-47 ms against 5-6 ms.
+if os.environ.get("BENCH_IO") == "1":
+
+    @job("bench.io")
+    async def io(ctx: JobContext) -> None:
+        await asyncio.sleep(0.1)  # bench/peers/common.py: IO_SECONDS
