@@ -34,9 +34,9 @@ logger = logging.getLogger(__name__)
 # (fewer where Django's connection pool cannot lend that many).
 DATABASE_THREADS = 4
 
-# Told when an async run's task is over: (attempt, its outcome or None when the
-# task was stopped). Called on the loop's thread.
-Done = Callable[[Attempt, "Outcome | None"], None]
+# Told when async runs' tasks are over: [(attempt, its outcome or None when the task
+# was stopped)], those that ended in one turn of the loop together, on its thread.
+Done = Callable[[list[tuple[Attempt, "Outcome | None"]]], None]
 
 _Call = tuple[Callable[..., Any], tuple[Any, ...], asyncio.AbstractEventLoop, "asyncio.Future[Any]"]
 
@@ -115,6 +115,7 @@ class EventLoop:
         self._completer = completer
         self._stop = stop  # the worker's hard stop
         self._done = done
+        self._ended: list[tuple[Attempt, Outcome | None]] = []  # not yet reported
         self._tasks: set[asyncio.Task[None]] = set()
         self.database = DatabaseThreads(database_threads)
         self._loop = asyncio.new_event_loop()
@@ -177,4 +178,12 @@ class EventLoop:
         except Exception:
             logger.exception("run=%s crashed the executor", attempt.run_id)
         finally:
-            self._done(attempt, outcome)
+            # Reported together at the end of this turn of the loop: runs that end
+            # at once free their slots at once, for one claim rather than one each.
+            if not self._ended:
+                self._loop.call_soon(self._report)
+            self._ended.append((attempt, outcome))
+
+    def _report(self) -> None:
+        ended, self._ended = self._ended, []
+        self._done(ended)

@@ -512,15 +512,16 @@ class JobWorker:
             if not (self.async_concurrency and attempt.is_async):
                 self._queue.put(attempt)
 
-    def _async_done(self, attempt: Attempt, outcome: Outcome | None) -> None:
-        """The event loop's report that an async run's task is over."""
+    def _async_done(self, ended: list[tuple[Attempt, Outcome | None]]) -> None:
+        """The event loop's report that async runs' tasks are over."""
         self._recheck[LOOP] = True  # a retry, a freed key: more may be due
         with self._slots:
-            self._in_flight.discard(attempt)
-            self._async_running -= 1
-            self.finished += 1
+            for attempt, _ in ended:
+                self._in_flight.discard(attempt)
+            self._async_running -= len(ended)
+            self.finished += len(ended)
             self._slots.notify_all()
-        if outcome is not Outcome.HANDED_OFF:
+        if any(outcome is not Outcome.HANDED_OFF for _, outcome in ended):
             self.wake.set()
 
     def _written(self) -> None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError, connections, transaction
+from django.db import IntegrityError, InterfaceError, OperationalError, connections, transaction
 from django.db.models import Exists, F, OuterRef, Q, Subquery
 from django.db.models.functions import Now
 
@@ -142,12 +142,36 @@ def claim_batch(
     """
     if limit <= 0:
         return []
+    recovered = _recover()
+    token = uuid.uuid4()
     try:
-        claims = _claim_in_one_statement(worker_id, pools, limit, plan, job_types)
+        claims = _claim(worker_id, pools, limit, plan, job_types, token)
+    except (OperationalError, InterfaceError):
+        # The connection broke, perhaps after the server committed the claim and
+        # before it said so: those runs would stay running under this live worker
+        # for good. Their token says which they are; read them back when the
+        # database answers again (now, or at a later claim).
+        _uncertain.append(token)
+        if recovered:
+            return recovered
+        raise
+    return recovered + claims
+
+
+def _claim(
+    worker_id: uuid.UUID,
+    pools: Sequence[str] | None,
+    limit: int,
+    plan: int,
+    job_types: JobTypes | None,
+    token: uuid.UUID,
+) -> list[Claim]:
+    try:
+        claims = _claim_in_one_statement(worker_id, pools, limit, plan, job_types, token)
         if claims is not None:
             return claims
         return claim_two_statements(
-            worker_id, candidates(pools, locked=False, job_types=job_types), limit
+            worker_id, candidates(pools, locked=False, job_types=job_types), limit, token
         )
     except IntegrityError:
         # The unique index refused a second running run of one key: a claim that
@@ -157,11 +181,38 @@ def claim_batch(
         logger.debug("claim refused by an integrity constraint; claiming again", exc_info=True)
         try:
             return claim_two_statements(
-                worker_id, candidates(pools, locked=False, job_types=job_types), limit
+                worker_id, candidates(pools, locked=False, job_types=job_types), limit, token
             )
         except IntegrityError:
             logger.warning("claim refused by an integrity constraint; retrying", exc_info=True)
             return []
+
+
+# The tokens of claims whose outcome the database did not report (the connection
+# broke): this process's, read back by the next claim.
+_uncertain: list[uuid.UUID] = []
+
+
+def _recover() -> list[Claim]:
+    """The runs claimed by claims whose commit was not reported, if any committed."""
+    if not _uncertain:
+        return []
+    tokens = list(_uncertain)
+    steps = JobStep.objects.using(using()).filter(run_id=OuterRef("pk"))
+    rows = list(
+        runs()
+        .filter(lease_token__in=tokens, status=Status.RUNNING)
+        .annotate(has_steps=Exists(steps))
+        .values(*CLAIM_FIELDS, "has_steps", "lease_token")
+    )
+    del _uncertain[: len(tokens)]  # read: they are settled, whatever was found
+    if rows:
+        logger.warning(
+            "claim recovered %d runs whose claim committed as the connection broke: %s",
+            len(rows),
+            ",".join(str(row["id"]) for row in rows),
+        )
+    return [Claim.from_row(row, row["lease_token"], bool(row["has_steps"])) for row in rows]
 
 
 def candidates(
@@ -203,9 +254,9 @@ def _claim_in_one_statement(
     limit: int,
     plan: int,
     job_types: JobTypes | None,
+    token: uuid.UUID,
 ) -> list[Claim] | None:
     connection = connections[using()]
-    token = uuid.uuid4()
     rows = vendors.of(connection).claim(
         connection,
         (None if pools is None else tuple(pools), limit, job_types),
@@ -252,7 +303,9 @@ def _claim_in_one_statement(
 _REREADS = 3
 
 
-def claim_two_statements(worker_id: uuid.UUID, picked: Any, limit: int) -> list[Claim]:
+def claim_two_statements(
+    worker_id: uuid.UUID, picked: Any, limit: int, token: uuid.UUID | None = None
+) -> list[Claim]:
     """The claim in separate statements (databases without a one-statement claim,
     and after a key conflict): the ids of up to ``limit`` runs ``picked`` selects,
     then those rows locked by id, skipping locked ones, then the ``UPDATE``.
@@ -263,7 +316,7 @@ def claim_two_statements(worker_id: uuid.UUID, picked: Any, limit: int) -> list[
     the two reads is skipped (locked) or no longer pending; when that was every
     run picked, the claim reads again, passing over the runs it found taken.
     """
-    token = uuid.uuid4()
+    token = token or uuid.uuid4()
     connection = connections[using()]
     taken: list[int] = []  # picked, but locked by other claims: passed over when read again
     try:

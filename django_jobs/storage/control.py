@@ -117,7 +117,7 @@ class ControlConnection:
         try:
             wrapper.ensure_connection()
             if wrapper.connection is not self._prepared:
-                vendors.of(wrapper).bound_lock_waits(wrapper, self.lock_wait)
+                vendors.of(wrapper).prepare_control(wrapper, self.lock_wait)
                 self._prepared = wrapper.connection
         except DatabaseError:
             pass  # the operation meets the same error and is retried

@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import IntegrityError, connections, transaction
+from django.db import IntegrityError, OperationalError, connections, transaction
 from django.utils import timezone
 
 from django_jobs import start_many, transitions
@@ -339,3 +339,46 @@ def test_a_claim_says_which_runs_have_recorded_steps(how: str) -> None:
     else:
         claims = claiming.claim_two_statements(worker.pk, claiming.candidates(None), 10)
     assert {c.run_id: c.has_steps for c in claims} == {fresh.pk: False, replayed.pk: True}
+
+
+def test_a_claim_whose_commit_was_not_reported_is_read_back_by_the_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The connection breaks after the server committed the claim, before it said so:
+    # the runs must not stay running under this (live) worker for good.
+    runs = start_many("tests.noop", [{}] * 3)
+    worker = WorkerFactory()
+    real = claiming._claim
+
+    def committed_then_lost(*args: Any) -> list[Claim]:
+        real(*args)
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(claiming, "_claim", committed_then_lost)
+    with pytest.raises(OperationalError):
+        claiming.claim_batch(worker.pk, ["default"], 2)
+    monkeypatch.setattr(claiming, "_claim", real)
+    claims = claiming.claim_batch(worker.pk, ["default"], 2)
+    # The two claimed before, read back with their lease, then a fresh claim's one.
+    assert sorted(c.run_id for c in claims) == sorted(r.pk for r in runs)
+    for claim in claims:
+        assert leases.fenced(claim).exists()
+    assert {c.attempt for c in claims} == {1}
+    assert claiming.claim_batch(worker.pk, ["default"], 2) == []
+
+
+def test_a_claim_that_never_committed_leaves_nothing_to_read_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    start_many("tests.noop", [{}] * 2)
+    worker = WorkerFactory()
+
+    def lost(*args: Any) -> list[Claim]:
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(claiming, "_claim", lost)
+    with pytest.raises(OperationalError):
+        claiming.claim_batch(worker.pk, ["default"], 2)
+    monkeypatch.undo()
+    assert len(claiming.claim_batch(worker.pk, ["default"], 5)) == 2
+    assert claiming._uncertain == []

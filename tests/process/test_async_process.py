@@ -21,7 +21,7 @@ from django.db import connections
 
 from django_jobs import cancel, start, start_many
 from django_jobs.eventloop import DATABASE_THREADS
-from django_jobs.models import JobRun, JobStep, Status
+from django_jobs.models import JobRun, JobStep, Status, Worker, WorkerStatus
 from tests.helpers import WorkerProcess, status_of, terminate_other_connections, wait_until
 from tests.process.faults import assert_alive_and_stop_cleanly, assert_every_run_completed_once
 from tests.process.test_connections import session_ids, sessions
@@ -240,6 +240,8 @@ def test_killed_connections_lose_no_async_run_and_repeat_no_recorded_step(
     runs = 150
     start_many("tests.async_chaos", [{"pause": 0.05} for _ in range(runs)])
     workers = [start_worker("--pool", "default", "--async-concurrency", "40") for _ in range(2)]
+    # Both started (a start whose connection is killed exits, as it should) and working.
+    wait_until(lambda: Worker.objects.filter(status=WorkerStatus.RUNNING).count() == 2, 30)
     wait_until(lambda: JobStep.objects.exists(), timeout=30)
     terminated = 0
     for _ in range(5):

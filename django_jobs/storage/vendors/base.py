@@ -137,8 +137,9 @@ class Vendor:
             )
             return int(cursor.rowcount)
 
-    def bound_lock_waits(self, connection: BaseDatabaseWrapper, seconds: float) -> None:
-        """Make row locks on ``connection`` be waited for at most ``seconds`` (where the
+    def prepare_control(self, connection: BaseDatabaseWrapper, seconds: float) -> None:
+        """Set up the connection a worker's control threads share (claims among
+        them), once per session: row locks waited for at most ``seconds`` (where the
         database can say so per session)."""
 
     def notify(self, connection: BaseDatabaseWrapper, channel: str, pools: list[str]) -> None:

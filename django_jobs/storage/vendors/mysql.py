@@ -196,7 +196,7 @@ class MySQL(Vendor):
             )
             return int(cursor.rowcount)
 
-    def bound_lock_waits(self, connection: BaseDatabaseWrapper, seconds: float) -> None:
+    def prepare_control(self, connection: BaseDatabaseWrapper, seconds: float) -> None:
         with connection.cursor() as cursor:
             # Whole seconds only.
             cursor.execute(
