@@ -396,7 +396,15 @@ class JobWorker:
         if free_threads > 0:
             if not types or self._worth_claiming(THREADS):
                 job_types = (False, types) if types else None
-                threads = self._claim_kind(THREADS, free_threads, plan, job_types)
+                try:
+                    threads = self._claim_kind(THREADS, free_threads, plan, job_types)
+                except DatabaseError:
+                    if not batch:
+                        raise
+                    # The loop's claim committed: its runs must run, whatever this one did.
+                    logger.warning("worker=%s claim failed", self.worker_id, exc_info=True)
+                    discard_broken_connections()
+                    return batch, False, False
                 batch += threads
                 short = short and len(threads) < free_threads
             else:
