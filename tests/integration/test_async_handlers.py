@@ -4,11 +4,15 @@ worker's event loop in this process (tests/process/test_async_process.py runs re
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
+from django.db import OperationalError
 
 from django_jobs import start, start_many
+from django_jobs import worker as worker_module
 from django_jobs.models import JobRun, JobStep, Status
+from django_jobs.storage.claiming import Claim
 from django_jobs.testing import drain
 from django_jobs.worker import EXIT_OK, JobWorker
 from tests.testapp import jobs
@@ -173,3 +177,24 @@ class TestOnTheEventLoop:
         assert parent.output["outputs"] == [{"i": 0}, {"i": 1}, {"i": 2}]
         assert JobRun.objects.filter(parent=parent).count() == 3
         assert refreshed(failing).output == "ChildRunFailed"
+
+    def test_the_loops_claim_runs_even_when_the_threads_claim_after_it_fails(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        runs = start_many("tests.async_echo", [{"i": i} for i in range(5)])
+        real = worker_module.claim_batch
+        failed: list[bool] = []
+
+        def flaky(*args: Any, **kwargs: Any) -> list[Claim]:
+            job_types = kwargs.get("job_types")
+            if job_types is not None and not job_types[0] and not failed:
+                failed.append(True)
+                raise OperationalError("server closed the connection unexpectedly")
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(worker_module, "claim_batch", flaky)
+        worker = JobWorker(["default"], concurrency=1, burst=True, poll_interval=0.05)
+        assert worker.run() == EXIT_OK
+        assert failed == [True]
+        assert {refreshed(run).status for run in runs} == {Status.COMPLETED}
+        assert worker.claimed == 5
