@@ -78,9 +78,10 @@ class DatabaseThreads:
                 try:
                     result = fn(*args)
                 except BaseException as exc:  # Suspended and LeaseLost too: the caller's
+                    # Settled first: a caller that never hears back holds its run for good.
+                    _settle(loop, future, exc, error=True)
                     if isinstance(exc, DatabaseError):
                         discard_broken_connections()
-                    _settle(loop, future, exc, error=True)
                 else:
                     _settle(loop, future, result)
         finally:
@@ -94,7 +95,10 @@ def _settle(
         if future.cancelled():
             return
         if error:
-            future.set_exception(value)
+            exc = value
+            if isinstance(exc, StopIteration):  # a future cannot hold one (PEP 479)
+                exc = RuntimeError(f"{type(exc).__name__} raised in a step's function")
+            future.set_exception(exc)
         else:
             future.set_result(value)
 
