@@ -113,6 +113,8 @@ def control_problem(text: str) -> str | None:
 def terminal_safe(text: str) -> str:
     """``text`` with every character a terminal would act on written as an escape
     (``\\x1b``, ``\\u202e``): for command output that shows stored names and messages."""
+    if text.isprintable():  # the common case, at C speed: nothing to escape
+        return text
     return "".join(repr(c)[1:-1] if is_control(c) else c for c in text)
 
 

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from .backoff import NO_RETRY, RetryPolicy
@@ -53,7 +54,7 @@ class JobHandler:
     def __call__(self, ctx: JobContext) -> Any:
         return self.fn(ctx)
 
-    @property
+    @cached_property
     def is_async(self) -> bool:
         """Whether ``fn`` is an ``async def`` function: the worker runs it on its event loop."""
         return inspect.iscoroutinefunction(self.fn)
