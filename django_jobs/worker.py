@@ -448,7 +448,9 @@ class JobWorker:
             while not self.stopping.is_set():
                 threads, loop = self._free()
                 loop = loop if async_types else 0
-                if (threads and self._worth_claiming(THREADS)) or (
+                # Without async types, the threads claim whenever one is free, as
+                # their claim reads past nothing (see _claim).
+                if (threads and (not async_types or self._worth_claiming(THREADS))) or (
                     loop and self._worth_claiming(LOOP)
                 ):
                     break
