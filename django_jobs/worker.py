@@ -130,6 +130,9 @@ class JobWorker:
         self._recheck = {THREADS: True, LOOP: True}
         self._was_full = {THREADS: False, LOOP: False}
         self._claimed_at = {THREADS: 0.0, LOOP: 0.0}
+        self._was_empty = {THREADS: True, LOOP: True}
+        self._plan = {THREADS: 0, LOOP: 0}
+        self._planned_at = {THREADS: time.monotonic(), LOOP: time.monotonic()}
         self.claimed = 0
         self.finished = 0
         # Created by run(): the connection the control threads share.
@@ -330,9 +333,6 @@ class JobWorker:
 
     def _claim_loop(self) -> None:
         failures = 0
-        # The claim's plan number (see storage.claiming.claim_batch): a new one when runs
-        # come after an empty claim, and at least every REPLAN seconds.
-        plan, planned_at, idle = 0, time.monotonic(), True
         while not self.stopping.is_set():
             if self.max_runs is not None and self.claimed >= self.max_runs:
                 return
@@ -345,7 +345,7 @@ class JobWorker:
             try:
                 with self._shared():
                     try:
-                        batch, short, complete = self._claim(free, plan)
+                        batch, short, complete = self._claim(free)
                     except DatabaseError:
                         discard_broken_connections()
                         raise
@@ -361,13 +361,10 @@ class JobWorker:
             self._dispatch(batch)
             if batch:
                 logger.debug("worker=%s claimed=%d", self.worker_id, len(batch))
-            if (batch and idle) or time.monotonic() - planned_at > REPLAN:
-                plan, planned_at = plan + 1, time.monotonic()
-            idle = not batch
             if short and self._idle_done(writes, finished, complete):
                 return
 
-    def _claim(self, free: tuple[int, int], plan: int) -> tuple[list[Claim], bool, bool]:
+    def _claim(self, free: tuple[int, int]) -> tuple[list[Claim], bool, bool]:
         """Claim for the free threads and the free async slots. Returns the claims;
         whether every claim came back short (nothing more is due for now); and
         whether each kind with free slots was claimed for.
@@ -388,7 +385,7 @@ class JobWorker:
         if types and free_async and left > 0:
             if self._worth_claiming(LOOP):
                 limit = int(min(_batch_size(free_async), left))
-                batch = self._claim_kind(LOOP, limit, plan, (True, types))
+                batch = self._claim_kind(LOOP, limit, (True, types))
                 short = len(batch) < limit
             else:
                 complete = False
@@ -397,7 +394,7 @@ class JobWorker:
             if not types or self._worth_claiming(THREADS):
                 job_types = (False, types) if types else None
                 try:
-                    threads = self._claim_kind(THREADS, free_threads, plan, job_types)
+                    threads = self._claim_kind(THREADS, free_threads, job_types)
                 except DatabaseError:
                     if not batch:
                         raise
@@ -418,19 +415,22 @@ class JobWorker:
             or time.monotonic() - self._claimed_at[kind] >= self.poll_interval
         )
 
-    def _claim_kind(
-        self, kind: str, limit: int, plan: int, job_types: JobTypes | None
-    ) -> list[Claim]:
+    def _claim_kind(self, kind: str, limit: int, job_types: JobTypes | None) -> list[Claim]:
         self._recheck[kind] = False
         claims = claim_batch(
             self.worker_id,  # type: ignore[arg-type]
             self.pools,
             limit,
-            plan=plan,
+            plan=self._plan[kind],
             job_types=job_types,
         )
+        now = self._claimed_at[kind] = time.monotonic()
         self._was_full[kind] = len(claims) == limit
-        self._claimed_at[kind] = time.monotonic()
+        # The kind's claim plan number (see storage.claiming.claim_batch): a new one
+        # when its runs come after an empty claim, and at least every REPLAN seconds.
+        if (claims and self._was_empty[kind]) or now - self._planned_at[kind] > REPLAN:
+            self._plan[kind], self._planned_at[kind] = self._plan[kind] + 1, now
+        self._was_empty[kind] = not claims
         return claims
 
     def _news(self) -> None:

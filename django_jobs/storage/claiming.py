@@ -259,7 +259,7 @@ def _claim_in_one_statement(
     connection = connections[using()]
     rows = vendors.of(connection).claim(
         connection,
-        (None if pools is None else tuple(pools), limit, job_types),
+        ((None if pools is None else tuple(pools), job_types), limit),
         lambda: candidates(pools, job_types=job_types).values(
             "id", "concurrency_key", "priority", "run_at"
         )[:limit],

@@ -78,7 +78,11 @@ class Vendor:
     ) -> list[tuple[Any, ...]] | None:
         """Claim the rows ``picked()`` selects (a locking, limited queryset) in one
         statement, which may be kept per ``key`` and ``plan``: rows of ``fields``, then
-        whether the run has steps. None: this database has no one-statement claim."""
+        whether the run has steps. None: this database has no one-statement claim.
+
+        ``key`` is ``(group, limit)``: the statements of one group (one pool set
+        and kind of run) share a ``plan`` number, so a newer one retires the
+        group's older statements."""
         return None
 
     def lock_keys(self, connection: BaseDatabaseWrapper, keys: list[str]) -> set[str]:

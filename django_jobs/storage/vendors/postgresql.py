@@ -252,7 +252,11 @@ def _claim_statement(
     cache_key = (using, key, fields, plan)
     if cache_key in _claim_statements:
         return _claim_statements[cache_key]
-    for stale in [known for known in _claim_statements if known[3] < plan - 1]:
+    for stale in [
+        known
+        for known in _claim_statements
+        if known[3] < plan - 1 and _group(known[1]) == _group(key)
+    ]:
         del _claim_statements[stale]
     # The ORM refuses to compile FOR UPDATE outside a transaction; nothing runs here.
     ops: Any = connection.ops  # PostgreSQL's, which can quote values into SQL
@@ -295,6 +299,11 @@ def _claim_statement(
     """
     _claim_statements[cache_key] = statement
     return statement
+
+
+def _group(key: Hashable) -> Hashable:
+    """The group of a claim's key ``(group, limit)``: its statements share plan numbers."""
+    return key[0] if isinstance(key, tuple) else key
 
 
 @functools.cache
