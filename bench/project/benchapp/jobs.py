@@ -33,9 +33,10 @@ def latency(ctx: JobContext) -> Any:
 # The io case's handler, registered only in that case's processes (BENCH_IO=1, set by
 # bench/peers/django_jobs_bench.py), so that the other cases keep measuring a project
 # of sync handlers. With an async handler registered a worker also claims for its
-# event loop: at 2e31825 that cut drain1 about 20x (160-190 runs/s against
-# 3,200-4,300); at 2861a2b the drains are as fast, but a sync run's idle latency
-# p50 is 32-47 ms against 5-6 ms.
+# event loop: at 2e31825 that cut drain1 about 20x, at 2861a2b a sync run's idle
+# latency p50 was 32-47 ms; since 725f3cc drain1 and its latency are what they are
+# without it (6,947 runs/s and 4.9 ms with BENCH_IO=1 set for the whole run;
+# docs/performance.md).
 if os.environ.get("BENCH_IO") == "1":
 
     @job("bench.io")
