@@ -231,9 +231,7 @@ class JobContext:
         self.check_cancel()
         output = self._run_step(key, seq, fn, atomic)
         self.flush_progress()
-        step_completed.send_robust(
-            JobRun, run_id=self.run_id, job_type=self.job_type, step_id=key, output=output
-        )
+        self._step_completed(key, output)
         self.check_cancel()
         return output
 
@@ -279,8 +277,7 @@ class JobContext:
             raise
         if not atomic:
             self._record(key, seq, output_json=text, started_at=started)
-        assert self._steps is not None
-        self._steps[key] = {"step_id": key, "status": "completed", "output": output}
+        self._remember(key, output)
         return output
 
     def _record_failure(self, key: str, seq: int, exc: BaseException, started: datetime) -> None:
@@ -534,9 +531,13 @@ class JobContext:
             await run_sync(self._record_failure, key, seq, exc, started)
             raise
         await run_sync(self._record, key, seq, output_json=text, started_at=started)
+        self._remember(key, output)
+        return output
+
+    def _remember(self, key: str, output: Any) -> None:
+        """Keep a step's recorded output for the rest of this execution."""
         assert self._steps is not None
         self._steps[key] = {"step_id": key, "status": "completed", "output": output}
-        return output
 
     def _load_steps(self) -> None:
         self._steps = steps.load(self.run_id)
