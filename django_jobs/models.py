@@ -168,6 +168,9 @@ class JobRun(models.Model):
 
     # NULL, not "", means "no key": the partial unique constraints skip NULLs.
     concurrency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    # The key of the run's job's rate limit, when the job declares rate_limit_key;
+    # runs of other limited jobs share their job type's limit (see ratelimits).
+    rate_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     tags = models.JSONField(default=list, blank=True)
     tenant_id = models.CharField(max_length=100, null=True, blank=True)  # noqa: DJ001
@@ -197,6 +200,10 @@ class JobRun(models.Model):
 
     # The handler's latest ctx.set_progress(): {"done", "total", "message", "at"}.
     progress = models.JSONField(encoder=DjangoJSONEncoder, null=True, blank=True)
+
+    # The W3C trace context of the code that started the run ({"traceparent",
+    # "tracestate"}), linked from each attempt's span; NULL when none was active.
+    trace_context = models.JSONField(null=True, blank=True)
 
     # The child runs a waiting run waits for (ctx.wait_for); NULL while it sleeps.
     awaiting = models.JSONField(null=True, blank=True)
@@ -337,6 +344,46 @@ class JobRun(models.Model):
 # Django's warnings about the indexes of JobRun it cannot build on a database:
 # conditions of unique constraints, conditions of indexes, expressions.
 _REBUILT = frozenset({"models.W036", "models.W037", "models.W043"})
+
+
+class RateLimitScope(models.TextChoices):
+    POOL = "pool", _("Pool")
+    JOB = "job", _("Job type")
+    KEY = "key", _("Key")
+
+
+class JobRateLimit(models.Model):
+    """The starts of one rate limit within its latest window, shared by every worker.
+
+    Written only by the claim (``storage.ratelimits``), under this row's lock, so
+    that workers admit runs one at a time per limit. ``starts`` holds
+    ``[instant, count]`` pairs (instants in epoch seconds on the database clock)
+    of the starts within the window; ``open_at`` is set while the window is
+    full: the instant the next start is allowed, before which runs under this
+    limit are not claimed.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    scope = models.CharField(max_length=8, choices=RateLimitScope.choices)
+    name = models.CharField(max_length=255)
+    # The limit as last applied, for the admin and jobstatus.
+    limit = models.PositiveIntegerField(default=0)
+    period = models.FloatField(default=0.0)
+    starts = models.JSONField(default=list, blank=True)
+    open_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        verbose_name = _("rate limit")
+        verbose_name_plural = _("rate limits")
+        ordering = ["scope", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["scope", "name"], name="django_jobs_ratelimit_unique"),
+        ]
+        indexes = [models.Index(fields=["open_at"], name="django_jobs_ratelimit_open")]
+
+    def __str__(self) -> str:
+        return f"{self.scope}:{self.name}"
 
 
 class JobStep(models.Model):
