@@ -125,25 +125,35 @@ def start_many(job_type: str, inputs: Iterable[Any], **options: Any) -> list[Job
         keys = [_key(handler, None, given_key)] * len(data)
     else:
         keys = [_key(handler, value, None) for value in data]
+    if callable(handler.rate_limit_key) and handler.keyed_rate:
+        rate_keys = [_rate_key(handler, value) for value in data]
+    else:
+        rate_keys = [_rate_key(handler, None)] * len(data)
     if not data:
         return []
     using = conf.get().DATABASE
     connection = connections[using]
-    inserted = vendors.of(connection).insert_runs(connection, template, texts, data, keys)
+    inserted = vendors.of(connection).insert_runs(
+        connection, template, texts, data, keys, rate_keys
+    )
     if inserted is not None:
         return inserted
-    runs = [_copy(template, value, key) for value, key in zip(data, keys, strict=True)]
+    runs = [
+        _copy(template, value, key, rate_key)
+        for value, key, rate_key in zip(data, keys, rate_keys, strict=True)
+    ]
     # Statements of a few MiB at most: a server refuses a larger one (MariaDB's
     # max_allowed_packet), and bulk_create writes all batches in one transaction.
     batch = max(1, _BATCH_BYTES // max(len(text.encode()) for text in texts))
     return JobRun.objects.using(using).bulk_create(runs, batch_size=batch)
 
 
-def _copy(template: JobRun, data: Any, key: str | None) -> JobRun:
+def _copy(template: JobRun, data: Any, key: str | None, rate_key: str | None) -> JobRun:
     run = copy.copy(template)
     run._state = copy.copy(template._state)
     run.input = data
     run.concurrency_key = key
+    run.rate_key = rate_key
     return run
 
 
@@ -246,6 +256,7 @@ def _build(
     run = _template(handler, **options)
     run.input = normalize({} if input is None else input, what="input")
     run.concurrency_key = _key(handler, run.input, concurrency_key)
+    run.rate_key = _rate_key(handler, run.input)
     return run
 
 
@@ -253,6 +264,11 @@ def _key(handler: JobHandler, data: Any, given: str | None) -> str | None:
     """The run's concurrency key: the one given, else the handler's for this input."""
     key = handler.concurrency_key_for(data) if given is None else given
     return _text("concurrency_key", key, 255)
+
+
+def _rate_key(handler: JobHandler, data: Any) -> str | None:
+    """The key of the run's rate limit, from the handler's ``rate_limit_key``."""
+    return _text("rate_limit_key", handler.rate_key_for(data), 255)
 
 
 def _template(

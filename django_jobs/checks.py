@@ -137,6 +137,22 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage
     ]
 
 
+@register()
+def check_rate_limits(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Validate ``DJANGO_JOBS["RATE_LIMITS"]`` (``@job`` limits are checked at import)."""
+    from .ratelimits import settings_problems
+
+    return [
+        Error(
+            message + ".",
+            hint="Give each pool a rate such as '100/m', '5/s', '1000/h' or '10/30s' "
+            "(docs/rate-limits.md).",
+            id="django_jobs.E014",
+        )
+        for message in settings_problems()
+    ]
+
+
 def pool_size(alias: str) -> int | None:
     """The most connections Django's connection pool for ``alias`` lends at once
     (``OPTIONS["pool"]``, PostgreSQL on Django 5.1+), or None without a pool."""

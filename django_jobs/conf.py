@@ -23,6 +23,9 @@ DEFAULTS: dict[str, Any] = {
     # name -> {"job_type", "cron", "timezone", "missed", "input"}; each entry is
     # checked by schedules.entry_problems (checks E009-E013).
     "SCHEDULES": {},
+    # pool -> rate ("100/m"): at most so many runs of the pool start per period,
+    # across every worker (checked by check E014).
+    "RATE_LIMITS": {},
 }
 
 DURATION_KEYS = frozenset(
@@ -54,6 +57,7 @@ class JobsSettings:
     LISTEN_NOTIFY: bool
     PREPARED_STATEMENTS: bool
     SCHEDULES: dict[str, Any]
+    RATE_LIMITS: dict[str, Any]
 
 
 def user_settings() -> dict[str, Any]:

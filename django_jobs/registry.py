@@ -21,6 +21,7 @@ from .exceptions import (
     is_never_retried,
 )
 from .names import pool_problem
+from .ratelimits import Rate, parse_rate
 from .schedules import MAX_NAME, Schedule
 
 if TYPE_CHECKING:
@@ -50,6 +51,9 @@ class JobHandler:
     on_end: Callable[[int], None] | None = None
     # Start a run at every tick of this schedule (named after the job type).
     schedule: Schedule | None = None
+    # At most so many runs start per period: of the job type, or per key.
+    rate_limit: Rate | None = None
+    rate_limit_key: ConcurrencyKey = None
 
     def __call__(self, ctx: JobContext) -> Any:
         return self.fn(ctx)
@@ -102,6 +106,20 @@ class JobHandler:
         return self.concurrency_key(input)
 
     @property
+    def keyed_rate(self) -> bool:
+        """Whether the rate limit is per key (``rate_limit_key``) rather than shared."""
+        return self.rate_limit is not None and self.rate_limit_key is not None
+
+    def rate_key_for(self, input: Any) -> str | None:
+        """The key of a run's rate limit; None when the limit is not per key, or
+        the key function gave none (such a run is not limited)."""
+        if not self.keyed_rate:
+            return None
+        if isinstance(self.rate_limit_key, str):
+            return self.rate_limit_key
+        return self.rate_limit_key(input)  # type: ignore[misc]
+
+    @property
     def origin(self) -> str:
         return f"{self.fn.__module__}.{self.fn.__qualname__}"
 
@@ -123,6 +141,8 @@ def job(
     concurrency_key: ConcurrencyKey = None,
     priority: int = 0,
     schedule: str | Schedule | None = None,
+    rate_limit: str | Rate | None = None,
+    rate_limit_key: ConcurrencyKey = None,
 ) -> Callable[[HandlerFn], JobHandler]:
     """Register the decorated function ``fn(ctx)`` as the handler of ``job_type``.
 
@@ -137,6 +157,10 @@ def job(
     - ``priority``: higher is claimed first within a pool.
     - ``schedule``: a cron string or a :class:`~django_jobs.Schedule`, to start a
       run at every tick.
+    - ``rate_limit``: at most so many runs start in any window of the period,
+      across every worker: ``"100/m"``, ``"5/s"``, ``"1000/h"``, ``"10/30s"``.
+    - ``rate_limit_key``: a string, or a callable of the input returning one (or
+      None: that run is not limited), to make ``rate_limit`` one limit per key.
 
     ``fn`` may be an ``async def`` function: a worker runs it on its event loop
     (``--async-concurrency`` of them at once), and its context's durable
@@ -157,6 +181,11 @@ def job(
         concurrency_key is None or isinstance(concurrency_key, str) or callable(concurrency_key)
     ):
         raise TypeError(f"concurrency_key must be a string or a callable, got {concurrency_key!r}")
+    if not (rate_limit_key is None or isinstance(rate_limit_key, str) or callable(rate_limit_key)):
+        raise TypeError(f"rate_limit_key must be a string or a callable, got {rate_limit_key!r}")
+    if rate_limit_key is not None and rate_limit is None:
+        raise TypeError("rate_limit_key needs a rate_limit: the limit each key gets")
+    rate = None if rate_limit is None else parse_rate(rate_limit)
     seconds = None if timeout is None else to_seconds(timeout)
     if seconds is not None and seconds <= 0:
         raise ValueError(f"timeout must be positive, got {timeout!r}")
@@ -183,6 +212,8 @@ def job(
             concurrency_key=concurrency_key,
             priority=priority,
             schedule=schedule,
+            rate_limit=rate,
+            rate_limit_key=rate_limit_key,
         )
         register(handler)
         return handler

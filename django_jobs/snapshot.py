@@ -16,7 +16,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from . import conf
+from . import conf, ratelimits
 from .models import (
     FINISHED_STATUSES,
     UNFINISHED_STATUSES,
@@ -27,6 +27,8 @@ from .models import (
     WorkerStatus,
 )
 from .payloads import finite, printable
+from .registry import all_handlers
+from .storage import ratelimits as limited_runs
 
 PROGRESS_LIMIT = 50
 
@@ -44,6 +46,10 @@ class PoolStatus:
     workers: int = 0
     paused_at: datetime | None = None
     pause_reason: str = ""
+    # Due pending runs that a spent rate limit holds back until its window allows.
+    rate_limited: int = 0
+    # The pool's own rate limit (DJANGO_JOBS["RATE_LIMITS"]), as written: "100/m".
+    rate_limit: str | None = None
 
     @property
     def paused(self) -> bool:
@@ -111,6 +117,8 @@ class Snapshot:
                     "oldest_pending_seconds": _seconds(pool.oldest_pending),
                     "runs_per_minute": round(self.runs_per_minute(pool), 3),
                     "workers": pool.workers,
+                    "rate_limited": pool.rate_limited,
+                    "rate_limit": pool.rate_limit,
                 }
                 for pool in self.pools
             ],
@@ -195,6 +203,7 @@ def snapshot(
                 if pools is None or name in pools:
                     pool(name).workers += 1
     _add_pool_rows(pool, pools)
+    _add_rate_limits(pool, pools)
     return Snapshot(
         taken_at=timezone.now(),
         window=window,
@@ -218,6 +227,16 @@ def _add_pool_rows(pool: Any, pools: list[str] | None) -> None:
         status = pool(row.name)
         status.paused_at = row.paused_at
         status.pause_reason = row.pause_reason
+
+
+def _add_rate_limits(pool: Any, pools: list[str] | None) -> None:
+    """The pools' own limits, and their runs held back by a spent limit (as this
+    code base and its settings declare them)."""
+    limits = ratelimits.in_force(all_handlers(), pools)
+    for name, rate in limits.pools.items():
+        pool(name).rate_limit = str(rate)
+    for name, held in limited_runs.waiting(limits, pools).items():
+        pool(name).rate_limited = held
 
 
 def _workers(pools: list[str] | None) -> list[WorkerState]:

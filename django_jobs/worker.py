@@ -24,7 +24,7 @@ from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
 
-from . import conf, transitions, watchman
+from . import conf, ratelimits, transitions, watchman
 from .attempt import Attempt
 from .completer import Completer
 from .eventloop import DATABASE_THREADS, EventLoop
@@ -33,6 +33,7 @@ from .models import WorkerStatus
 from .registry import all_handlers
 from .scheduler import Scheduler
 from .storage import leases, vendors, workers
+from .storage import ratelimits as limited_runs
 from .storage.claiming import Claim, JobTypes, claim_batch
 from .storage.connections import discard_broken_connections
 from .storage.control import ControlConnection
@@ -124,6 +125,8 @@ class JobWorker:
             job_type for job_type, handler in all_handlers().items() if handler.is_async
         )
         self._event_loop: EventLoop | None = None  # started by the first async run
+        # The rate limits of this worker's pools and of their jobs, enforced at claim.
+        self.limits = ratelimits.in_force(all_handlers(), self.pools)
         # Per kind of slot, THREADS and LOOP: whether its next claim may find runs
         # its last one did not (a notification, a run of its kind finished), whether
         # that claim was full, and when it was made (see _claim).
@@ -423,6 +426,7 @@ class JobWorker:
             limit,
             plan=self._plan[kind],
             job_types=job_types,
+            limits=self.limits,
         )
         now = self._claimed_at[kind] = time.monotonic()
         self._was_full[kind] = len(claims) == limit
@@ -496,10 +500,31 @@ class JobWorker:
                     return False
                 # Done, unless a run finished (a retry, a wake-up) or a completion
                 # landed since the claim began.
-                return self._completer.writes == writes and self.finished == finished
-        self.wake.wait(self.poll_interval)
+                done = self._completer.writes == writes and self.finished == finished
+            if done and self.limits:
+                done = self._quietly(limited_runs.any_due, self.limits, self.pools) is False
+            if not done:
+                # Due runs wait for a rate limit's window (or it could not be
+                # told): they are work to do.
+                self.stopping.wait(self._idle_wait())
+                self._recheck[THREADS] = self._recheck[LOOP] = True
+                return False
+            return done
+        wait = self._idle_wait()
+        self.wake.wait(wait)
         self.wake.clear()
+        if wait < self.poll_interval:
+            # Woken for a rate limit's window: claim for both kinds.
+            self._recheck[THREADS] = self._recheck[LOOP] = True
         return False
+
+    def _idle_wait(self) -> float:
+        """Seconds to wait idle: a poll interval, or less when a rate limit's window
+        that a claim found full opens sooner."""
+        opens = limited_runs.next_open() if self.limits else None
+        if opens is None:
+            return self.poll_interval
+        return min(self.poll_interval, max(0.001, opens - time.monotonic()))
 
     def _dispatch(self, batch: list[Claim]) -> None:
         attempts = [Attempt.of(claim) for claim in batch]

@@ -1,6 +1,7 @@
 """Storage: every statement on the job tables that locks, fences or differs per database.
 
 * ``claiming``: claims in batches (``SELECT ... FOR UPDATE SKIP LOCKED``), and ``Claim``;
+* ``ratelimits``: the admission of rate-limited runs at claim, and ``JobRateLimit`` rows;
 * ``leases``: the fenced writes to a claimed run, each one conditional ``UPDATE``;
 * ``steps``: recording and loading a run's steps;
 * ``workers``: Worker rows, heartbeats, and finding the runs of silent workers;

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -23,7 +23,8 @@ from django.db.models import Exists, F, OuterRef, Q, Subquery
 from django.db.models.functions import Now
 
 from ..models import JobPool, JobRun, JobStep, Status
-from . import runs, using, vendors
+from ..ratelimits import Limits
+from . import ratelimits, runs, using, vendors
 from .leases import WorkerIds
 
 logger = logging.getLogger(__name__)
@@ -132,20 +133,46 @@ def claim_batch(
     *,
     plan: int = 0,
     job_types: JobTypes | None = None,
+    limits: Limits | None = None,
 ) -> list[Claim]:
     """Claim up to ``limit`` due runs of ``pools`` (all pools when None) for this worker.
 
     Highest priority first, then the oldest ``run_at``. Where the database claims
     in one statement, a new ``plan`` number makes the server plan it afresh.
     ``job_types`` limits the claim to some job types or excludes them (a worker's
-    event loop claims its async types, its threads the others).
+    event loop claims its async types, its threads the others). Runs under one of
+    the rate ``limits`` are claimed apart, after the others, as their limits
+    allow (``storage.ratelimits``); without ``limits`` no limit is enforced.
     """
     if limit <= 0:
         return []
     recovered = _recover()
+    limits = limits or None
+    claims = _guarded(
+        lambda token: _claim(worker_id, pools, limit, plan, job_types, token, limits), recovered
+    )
+    if limits is not None and len(claims) < limit:
+        more = limit - len(claims)
+        try:
+            held = _guarded(
+                lambda token: _claim_limited(worker_id, pools, more, job_types, limits, token), []
+            )
+        except (OperationalError, InterfaceError):
+            if claims:
+                # The first claim committed: its runs must run, whatever this one did.
+                logger.warning("claim of rate-limited runs failed", exc_info=True)
+                return claims
+            raise
+        ratelimits.after_claim(len(held) < more)
+        claims += held
+    return claims
+
+
+def _guarded(claim: Callable[[uuid.UUID], list[Claim]], recovered: list[Claim]) -> list[Claim]:
+    """``claim`` under a fresh lease token, with ``recovered`` runs first."""
     token = uuid.uuid4()
     try:
-        claims = _claim(worker_id, pools, limit, plan, job_types, token)
+        claims = claim(token)
     except (OperationalError, InterfaceError):
         # The connection broke, perhaps after the server committed the claim and
         # before it said so: those runs would stay running under this live worker
@@ -165,13 +192,17 @@ def _claim(
     plan: int,
     job_types: JobTypes | None,
     token: uuid.UUID,
+    limits: Limits | None = None,
 ) -> list[Claim]:
     try:
-        claims = _claim_in_one_statement(worker_id, pools, limit, plan, job_types, token)
+        claims = _claim_in_one_statement(worker_id, pools, limit, plan, job_types, token, limits)
         if claims is not None:
             return claims
         return claim_two_statements(
-            worker_id, candidates(pools, locked=False, job_types=job_types), limit, token
+            worker_id,
+            candidates(pools, locked=False, job_types=job_types, limits=limits),
+            limit,
+            token,
         )
     except IntegrityError:
         # The unique index refused a second running run of one key: a claim that
@@ -181,11 +212,35 @@ def _claim(
         logger.debug("claim refused by an integrity constraint; claiming again", exc_info=True)
         try:
             return claim_two_statements(
-                worker_id, candidates(pools, locked=False, job_types=job_types), limit, token
+                worker_id,
+                candidates(pools, locked=False, job_types=job_types, limits=limits),
+                limit,
+                token,
             )
         except IntegrityError:
             logger.warning("claim refused by an integrity constraint; retrying", exc_info=True)
             return []
+
+
+def _claim_limited(
+    worker_id: uuid.UUID,
+    pools: Sequence[str] | None,
+    limit: int,
+    job_types: JobTypes | None,
+    limits: Limits,
+    token: uuid.UUID,
+) -> list[Claim]:
+    """The claim of runs under a rate limit: two statements, then the limits' admission."""
+    picked = ratelimits.limited(candidates(pools, locked=False, job_types=job_types), limits)
+
+    def admit(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return ratelimits.admit(rows, limit, limits, worker_id, token)
+
+    try:
+        return claim_two_statements(worker_id, picked, limit, token, admit=admit)
+    except IntegrityError:
+        logger.warning("claim refused by an integrity constraint; retrying", exc_info=True)
+        return []
 
 
 # The tokens of claims whose outcome the database did not report (the connection
@@ -216,11 +271,18 @@ def _recover() -> list[Claim]:
 
 
 def candidates(
-    pools: Sequence[str] | None, *, locked: bool = True, job_types: JobTypes | None = None
+    pools: Sequence[str] | None,
+    *,
+    locked: bool = True,
+    job_types: JobTypes | None = None,
+    limits: Limits | None = None,
 ) -> Any:
     """Due runs of ``pools`` (of ``job_types``) that may be claimed now, in claim
-    order, locked as read (unless not ``locked``)."""
+    order, locked as read (unless not ``locked``); without the runs under one of
+    the rate ``limits``, which are claimed apart."""
     due = runs().due(pools)
+    if limits:
+        due = ratelimits.unlimited(due, limits)
     if job_types is not None:
         only, types = job_types
         # Read past in the claim index, as runs of a busy key are: a pool whose
@@ -255,12 +317,16 @@ def _claim_in_one_statement(
     plan: int,
     job_types: JobTypes | None,
     token: uuid.UUID,
+    limits: Limits | None,
 ) -> list[Claim] | None:
     connection = connections[using()]
     rows = vendors.of(connection).claim(
         connection,
-        ((None if pools is None else tuple(pools), job_types), limit),
-        lambda: candidates(pools, job_types=job_types).values(
+        (
+            (None if pools is None else tuple(pools), job_types, limits and limits.signature()),
+            limit,
+        ),
+        lambda: candidates(pools, job_types=job_types, limits=limits).values(
             "id", "concurrency_key", "priority", "run_at"
         )[:limit],
         CLAIM_FIELDS,
@@ -304,7 +370,12 @@ _REREADS = 3
 
 
 def claim_two_statements(
-    worker_id: uuid.UUID, picked: Any, limit: int, token: uuid.UUID | None = None
+    worker_id: uuid.UUID,
+    picked: Any,
+    limit: int,
+    token: uuid.UUID | None = None,
+    *,
+    admit: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] | None = None,
 ) -> list[Claim]:
     """The claim in separate statements (databases without a one-statement claim,
     and after a key conflict): the ids of up to ``limit`` runs ``picked`` selects,
@@ -315,6 +386,8 @@ def claim_two_statements(
     would lock rows the claim does not take. A run another claim took between
     the two reads is skipped (locked) or no longer pending; when that was every
     run picked, the claim reads again, passing over the runs it found taken.
+    ``admit``, when given, chooses among the locked rows and marks them running
+    itself (the rate limits' admission).
     """
     token = token or uuid.uuid4()
     connection = connections[using()]
@@ -332,6 +405,9 @@ def claim_two_statements(
                 rows = one_per_key(rows)
                 if not rows:
                     return []
+                if admit is not None:
+                    rows = admit(rows)
+                    break
                 # The rows stay locked by this transaction until commit, so this
                 # UPDATE cannot race another claimer; the status condition is belt
                 # and braces.
@@ -364,7 +440,7 @@ def _locked(ids: list[int]) -> list[dict[str, Any]]:
         .order_by()
         .select_for_update(skip_locked=True)
         .annotate(has_steps=Exists(steps))
-        .values(*CLAIM_FIELDS, "has_steps")
+        .values(*CLAIM_FIELDS, "rate_key", "has_steps")
     )
     order = {run_id: n for n, run_id in enumerate(ids)}
     return sorted(locked, key=lambda row: order[row["id"]])

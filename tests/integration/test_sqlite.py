@@ -148,3 +148,20 @@ def test_cancel_cascades_and_retry_starts_over() -> None:
     retry(run.pk, reset_steps=True)  # new children, not the canceled ones
     drain()
     assert (run_of(run).status, run_of(run).output) == (Status.COMPLETED, {"sum": 6})
+
+
+def test_a_rate_limit_is_enforced_at_claim_on_sqlite_too() -> None:
+    from django_jobs.models import JobRateLimit, Worker
+    from django_jobs.ratelimits import Limits, Rate
+    from django_jobs.storage import claiming
+
+    for _ in range(4):
+        start("tests.limited")
+    worker = Worker.objects.using("sqlite").create(hostname="h", pid=1, concurrency=4)
+    limits = Limits({"tests.limited": Rate(2, 3600.0)})
+    first = claiming.claim_batch(worker.pk, None, 4, limits=limits)
+    assert len(first) == 2
+    assert claiming.claim_batch(worker.pk, None, 4, limits=limits) == []
+    row = JobRateLimit.objects.using("sqlite").get(name="tests.limited")
+    assert row.open_at is not None
+    assert runs().filter(status=Status.PENDING).count() == 2

@@ -448,3 +448,19 @@ async def async_chaos(ctx: JobContext) -> int:
 
         total += await ctx.astep(name, work)
     return total
+
+
+@job("tests.limited", pool="ratelimited", rate_limit="20/s")
+def limited(ctx: JobContext) -> None:
+    """At most 20 start per second, across every worker (the rate limit tests)."""
+    time.sleep(ctx.input.get("seconds", 0))
+
+
+@job(
+    "tests.limited_per_key",
+    pool="ratelimited",
+    rate_limit="2/h",
+    rate_limit_key=lambda input: input.get("customer") and f"customer:{input['customer']}",
+)
+def limited_per_key(ctx: JobContext) -> None:
+    """At most 2 start per hour per customer; a run without one is not limited."""

@@ -33,6 +33,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "logstream",
                 "tracing",
                 "tasks_compat",
+                "ratelimits",
                 "embedded",
             }
         ),

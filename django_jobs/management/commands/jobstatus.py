@@ -64,6 +64,11 @@ def render(shot: Snapshot) -> str:
         if pool.paused_at is not None:
             reason = f": {pool.pause_reason}" if pool.pause_reason else ""
             lines.append(f"  {pool.name} paused for {age(shot.taken_at - pool.paused_at)}{reason}")
+        if pool.rate_limited or pool.rate_limit:
+            limit = f" (pool limit {pool.rate_limit})" if pool.rate_limit else ""
+            lines.append(
+                f"  {pool.name} rate-limited: {pool.rate_limited} due runs wait for a window{limit}"
+            )
     lines += ["", f"Workers ({len(shot.workers)})"]
     for worker in shot.workers:
         pools = ", ".join(worker.pools) or "all pools"

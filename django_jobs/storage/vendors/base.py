@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Hashable, Sequence
+from datetime import datetime
 from typing import Any
 
 from django.db import NotSupportedError
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils import timezone
 
 from ...models import JobRun, JobStep
 
@@ -56,6 +58,12 @@ class Vendor:
 
     def prepare(self, connection: BaseDatabaseWrapper) -> None:
         """Set up a worker's connection once it is connected (each new one, every reconnection)."""
+
+    def clock(self, connection: BaseDatabaseWrapper) -> datetime:
+        """The database's clock now, as an aware UTC datetime: not the transaction's
+        start, where the database has both. (Here: this process's clock, as
+        SQLite's is; one process uses it.)"""
+        return timezone.now()
 
     def fetch(
         self, connection: BaseDatabaseWrapper, sql: str, params: list[Any] | dict[str, Any]
@@ -124,8 +132,9 @@ class Vendor:
         texts: list[str],
         data: list[Any],
         keys: list[str | None],
+        rate_keys: list[str | None],
     ) -> list[JobRun] | None:
-        """Insert runs that differ only in input and key in one statement. None: no such form."""
+        """Insert runs that differ only in input and keys in one statement. None: no such form."""
         return None
 
     def delete(

@@ -59,6 +59,13 @@ class MySQL(Vendor):
             )
         return None
 
+    def clock(self, connection: BaseDatabaseWrapper) -> datetime:
+        # UTC_TIMESTAMP, not NOW(): the session's time zone need not be UTC.
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT UTC_TIMESTAMP(6)")
+            (now,) = cursor.fetchone()
+        return now.replace(tzinfo=UTC)  # type: ignore[no-any-return]
+
     def lock_keys(self, connection: BaseDatabaseWrapper, keys: list[str]) -> set[str]:
         """The keys whose named lock (``GET_LOCK``) was free, taken without waiting.
 
@@ -165,6 +172,7 @@ class MySQL(Vendor):
         texts: list[str],
         data: list[Any],
         keys: list[str | None],
+        rate_keys: list[str | None],
     ) -> list[JobRun] | None:
         if connection.features.can_return_rows_from_bulk_insert:
             return None  # MariaDB: bulk_create reads the ids back with RETURNING
@@ -173,10 +181,10 @@ class MySQL(Vendor):
         # in one transaction.
         runs = []
         with transaction.atomic(using=connection.alias):
-            for value, key in zip(data, keys, strict=True):
+            for value, key, rate_key in zip(data, keys, rate_keys, strict=True):
                 run = copy(template)
                 run._state = copy(template._state)
-                run.input, run.concurrency_key = value, key
+                run.input, run.concurrency_key, run.rate_key = value, key, rate_key
                 run.save(using=connection.alias, force_insert=True)
                 runs.append(run)
         return runs

@@ -15,6 +15,7 @@ import functools
 import json
 import uuid
 from collections.abc import Callable, Hashable, Sequence
+from datetime import datetime
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
@@ -59,6 +60,12 @@ class PostgreSQL(Vendor):
             cursor.execute(sql, params, prepare=True)
             rows: list[tuple[Any, ...]] = cursor.fetchall()
             return rows
+
+    def clock(self, connection: BaseDatabaseWrapper) -> datetime:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT clock_timestamp()")
+            (now,) = cursor.fetchone()
+        return now  # type: ignore[no-any-return]
 
     def claim(
         self,
@@ -139,8 +146,9 @@ class PostgreSQL(Vendor):
         texts: list[str],
         data: list[Any],
         keys: list[str | None],
+        rate_keys: list[str | None],
     ) -> list[JobRun] | None:
-        """One ``INSERT ... SELECT FROM unnest(...)``: the runs differ only in input and key.
+        """One ``INSERT ... SELECT FROM unnest(...)``: the runs differ only in input and keys.
 
         Returns the runs as if loaded from the database. The ids come back as one
         array and the time of the statement once, not as a row per run: reading
@@ -156,7 +164,7 @@ class PostgreSQL(Vendor):
                 continue
             columns.append(quote(str(field.column)))
             value = getattr(template, field.attname)
-            if field.attname in ("input", "concurrency_key"):
+            if field.attname in ("input", "concurrency_key", "rate_key"):
                 values.append(f"v.{field.attname}")
             elif isinstance(value, DatabaseDefault):
                 # Now() is JobRun's only database default.
@@ -169,13 +177,14 @@ class PostgreSQL(Vendor):
         statement = (
             f"WITH inserted AS (INSERT INTO {quote(JobRun._meta.db_table)} ({', '.join(columns)}) "
             f"SELECT {', '.join(values)} "
-            "FROM unnest(%s::jsonb[], %s::text[]) WITH ORDINALITY AS v(input, concurrency_key, n) "
+            "FROM unnest(%s::jsonb[], %s::text[], %s::text[]) "
+            "WITH ORDINALITY AS v(input, concurrency_key, rate_key, n) "
             "ORDER BY v.n RETURNING id) "
             # Ids come from a sequence in insertion order, so sorted they match the inputs.
             "SELECT array_agg(id ORDER BY id), STATEMENT_TIMESTAMP() FROM inserted"
         )
         with connection.cursor() as cursor:
-            cursor.execute(statement, [*params, texts, keys])
+            cursor.execute(statement, [*params, texts, keys, rate_keys])
             ids, now = cursor.fetchone()
         fields = {
             field.attname: getattr(template, field.attname)
@@ -184,9 +193,16 @@ class PostgreSQL(Vendor):
         fields.update(dict.fromkeys(now_columns, now))
         return [
             _loaded(
-                connection.alias, {**fields, "id": run_id, "input": value, "concurrency_key": key}
+                connection.alias,
+                {
+                    **fields,
+                    "id": run_id,
+                    "input": value,
+                    "concurrency_key": key,
+                    "rate_key": rate_key,
+                },
             )
-            for run_id, value, key in zip(ids, data, keys, strict=True)
+            for run_id, value, key, rate_key in zip(ids, data, keys, rate_keys, strict=True)
         ]
 
     def prepare_control(self, connection: BaseDatabaseWrapper, seconds: float) -> None:

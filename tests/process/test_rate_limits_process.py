@@ -1,0 +1,85 @@
+"""Rate limits with real workers: one limit for the whole fleet, enforced at claim."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+from django_jobs import start_many
+from django_jobs.models import JobRun, Status
+from tests.helpers import WorkerProcess, wait_until
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.process]
+
+StartWorker = Callable[..., WorkerProcess]
+
+
+def most_in_any_second(starts: list[float]) -> int:
+    """The most starts in any half-open span of one second."""
+    starts = sorted(starts)
+    most, first = 0, 0
+    for last, instant in enumerate(starts):
+        while instant - starts[first] >= 1.0:
+            first += 1
+        most = max(most, last - first + 1)
+    return most
+
+
+def test_three_workers_start_no_more_than_the_limit_in_any_second(
+    start_worker: StartWorker,
+) -> None:
+    """tests.limited allows 20 starts a second: 600 runs over 3 workers of 4 threads
+    take about 30 s, with no second of more than 20 starts; the pool's unlimited
+    runs, started with them, are not held behind the limited ones."""
+    limited = start_many("tests.limited", [{}] * 600)
+    plain = start_many("tests.noop", [{}] * 100, pool="ratelimited")
+    began = time.monotonic()
+    workers = [
+        start_worker("--pool", "ratelimited", "--concurrency", "4", "--burst") for _ in range(3)
+    ]
+    for worker in workers:
+        assert worker.wait(timeout=180) == 0, worker.output()
+    took = time.monotonic() - began
+    ids = [run.pk for run in limited]
+    assert JobRun.objects.filter(pk__in=ids, status=Status.COMPLETED).count() == 600
+    starts = sorted(
+        run.started_at.timestamp() for run in JobRun.objects.filter(pk__in=ids).only("started_at")
+    )
+    assert most_in_any_second(starts) <= 20
+    # The limit allows no faster: the first 20 at once, then 20 a second.
+    assert starts[-1] - starts[0] >= (600 - 20) / 20 - 0.01
+    # Every worker took part in the limit (it is shared, not counted per worker).
+    attempts_of = JobRun.objects.filter(pk__in=ids).values_list("worker_ids", flat=True)
+    assert len({workers_ids[0] for workers_ids in attempts_of}) == 3
+    # The pool's unlimited runs all ran before the limited backlog was a tenth done.
+    plain_done = max(run.finished_at for run in JobRun.objects.filter(pk__in=[r.pk for r in plain]))
+    assert sum(1 for start in starts if start < plain_done.timestamp()) < 60
+    print(
+        f"600 runs at 20/s over 3 workers: {took:.1f} s; first to last start "
+        f"{starts[-1] - starts[0]:.1f} s"
+    )
+
+
+def test_a_keyed_limit_holds_only_its_key_and_the_held_runs_wait_without_spinning(
+    start_worker: StartWorker,
+) -> None:
+    """tests.limited_per_key allows 2 starts an hour per customer: a worker runs two
+    of each customer's runs, and the rest wait, pending and unclaimed."""
+    runs = start_many("tests.limited_per_key", [{"customer": 1 + n % 3} for n in range(12)])
+    worker = start_worker("--pool", "ratelimited", "--concurrency", "4")
+    wait_until(
+        lambda: (
+            JobRun.objects.filter(pk__in=[r.pk for r in runs], status=Status.COMPLETED).count() == 6
+        )
+    )
+    time.sleep(1.5)  # a poll interval or more: nothing else may start
+    rows = JobRun.objects.filter(pk__in=[r.pk for r in runs])
+    assert rows.filter(status=Status.COMPLETED).count() == 6
+    assert rows.filter(status=Status.PENDING, attempts=0).count() == 6
+    by_key = {}
+    for run in rows.filter(status=Status.COMPLETED):
+        by_key[run.rate_key] = by_key.get(run.rate_key, 0) + 1
+    assert by_key == {"customer:1": 2, "customer:2": 2, "customer:3": 2}
+    worker.stop()
