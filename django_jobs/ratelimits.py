@@ -110,15 +110,12 @@ class Limits:
 
 
 def in_force(handlers: Mapping[str, Job], pools: Iterable[str] | None = None) -> Limits:
-    """The limits of the jobs registered in ``handlers`` (of ``pools``, or all) and of
-    the pools ``DJANGO_JOBS["RATE_LIMITS"]`` names (invalid entries are left out:
-    the system checks report them)."""
+    """The limits of the jobs registered in ``handlers`` (every one: a run may be
+    started in another pool than its job's) and of the pools (of ``pools``, or
+    all) that ``DJANGO_JOBS["RATE_LIMITS"]`` names; invalid entries are left out,
+    the system checks report them."""
     wanted = None if pools is None else set(pools)
-    jobs = {
-        job.job_type: job.rate_limit
-        for job in handlers.values()
-        if job.rate_limit is not None and (wanted is None or job.pool in wanted)
-    }
+    jobs = {job.job_type: job.rate_limit for job in handlers.values() if job.rate_limit is not None}
     keyed = frozenset(job.job_type for job in handlers.values() if job.keyed_rate)
     by_pool = {}
     for name, value in settings_limits().items():

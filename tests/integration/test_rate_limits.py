@@ -193,3 +193,14 @@ def test_jobstatus_and_the_pools_page_show_runs_waiting_for_their_window(
     page = admin_client.get(reverse("admin:django_jobs_jobrun_pools")).content.decode()
     assert "(3 rate-limited)" in page
     assert "limit 100/m" in page
+
+
+def test_a_worker_enforces_a_jobs_limit_in_whatever_pool_its_runs_wait() -> None:
+    from django_jobs.worker import JobWorker
+
+    for _ in range(3):
+        start("tests.limited", pool="elsewhere")
+    worker = JobWorker(["elsewhere"])
+    assert worker.limits.jobs["tests.limited"] == Rate(20, 1.0)
+    limits = Limits({"tests.limited": Rate(2, 3600.0)})
+    assert len(claim(limits, pools=["elsewhere"])) == 2

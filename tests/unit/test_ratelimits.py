@@ -125,8 +125,12 @@ def test_the_limits_in_force_come_from_jobs_and_settings(settings: object) -> No
     assert in_force(handlers) == Limits(
         {"a": Rate(5, 1.0), "b": Rate(1, 3600.0)}, frozenset({"b"}), {"p": Rate(100, 60.0)}
     )
-    assert in_force(handlers, ["q"]) == Limits({"b": Rate(1, 3600.0)}, frozenset({"b"}), {})
-    assert not in_force(handlers, ["elsewhere"])
+    # A job's limit holds in every pool (a run may be started in another than its job's).
+    assert in_force(handlers, ["q"]) == Limits(
+        {"a": Rate(5, 1.0), "b": Rate(1, 3600.0)}, frozenset({"b"}), {}
+    )
+    assert in_force({}, ["elsewhere"]) == Limits()
+    assert not in_force({}, ["p"]).jobs
 
 
 @pytest.mark.parametrize(
