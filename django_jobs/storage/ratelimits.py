@@ -190,8 +190,8 @@ def next_open() -> float | None:
     """When a window this process's claims found full opens (``time.monotonic()``), if
     one did: an idle worker claims again then rather than after its poll interval."""
     global _next_open
-    if _next_open is not None and _next_open <= time.monotonic() - 1.0:
-        _next_open = None
+    if _next_open is not None and _next_open <= time.monotonic():
+        _next_open = None  # opened: the claims since will say when the next one does
     return _next_open
 
 
