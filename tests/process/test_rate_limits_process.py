@@ -83,3 +83,17 @@ def test_a_keyed_limit_holds_only_its_key_and_the_held_runs_wait_without_spinnin
         by_key[run.rate_key] = by_key.get(run.rate_key, 0) + 1
     assert by_key == {"customer:1": 2, "customer:2": 2, "customer:3": 2}
     worker.stop()
+
+
+def test_async_runs_on_the_event_loop_are_held_to_their_limit_alike(
+    start_worker: StartWorker,
+) -> None:
+    runs = start_many("tests.limited_async", [{"seconds": 0.05}] * 120)
+    workers = [start_worker("--pool", "ratelimited", "--burst") for _ in range(2)]
+    for worker in workers:
+        assert worker.wait(timeout=120) == 0, worker.output()
+    rows = JobRun.objects.filter(pk__in=[run.pk for run in runs])
+    assert rows.filter(status=Status.COMPLETED).count() == 120
+    starts = [run.started_at.timestamp() for run in rows.only("started_at")]
+    assert most_in_any_second(starts) <= 20
+    assert max(starts) - min(starts) >= (120 - 20) / 20 - 0.01

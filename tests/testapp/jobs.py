@@ -464,3 +464,9 @@ def limited(ctx: JobContext) -> None:
 )
 def limited_per_key(ctx: JobContext) -> None:
     """At most 2 start per hour per customer; a run without one is not limited."""
+
+
+@job("tests.limited_async", pool="ratelimited", rate_limit="20/s")
+async def limited_async(ctx: JobContext) -> None:
+    """``tests.limited`` as an async handler: claimed for the event loop, limited alike."""
+    await asyncio.sleep(ctx.input.get("seconds", 0))
