@@ -114,22 +114,10 @@ def admit(
     for found in needs.values():
         for scope, name, rate in found:
             names.setdefault((scope, name), rate)  # a shared key: the first run's rate
-    ordered = sorted(names)
-    table = limit_rows()
-    table.bulk_create(
-        [JobRateLimit(scope=scope, name=name) for scope, name in ordered],
-        ignore_conflicts=True,
-    )
-    stored = {
-        (row.scope, row.name): row
-        for row in table.filter(_named(ordered)).order_by("scope", "name").select_for_update()
-    }
+    stored = _locked_limits(sorted(names))
     instant = _clock()
     now = instant.timestamp()
-    windows = {
-        key: Window.read(stored[key].starts if key in stored else [], rate, now)
-        for key, rate in names.items()
-    }
+    windows = {key: Window.read(stored[key].starts, rate, now) for key, rate in names.items()}
     chosen: list[dict[str, Any]] = []
     for row in rows:
         if len(chosen) == limit:
@@ -141,7 +129,7 @@ def admit(
             chosen.append(row)
     for key, window in windows.items():
         opens = window.opens_at()
-        table.filter(scope=key[0], name=key[1]).update(
+        limit_rows().filter(pk=stored[key].pk).update(
             starts=window.stored(),
             open_at=None if opens is None else datetime.fromtimestamp(opens, UTC),
             limit=window.rate.count,
@@ -158,6 +146,38 @@ def admit(
             worker_ids=WorkerIds(worker_id),
         )
     return chosen
+
+
+def _locked_limits(keys: list[tuple[str, str]]) -> dict[tuple[str, str], JobRateLimit]:
+    """The rows of the limits ``keys`` (sorted), made if missing, locked in that order.
+
+    The existing rows are locked first, and the missing ones made by an upsert,
+    which leaves each row locked for update whoever inserted it. (An insert that
+    ignores conflicts would not: on InnoDB it waits for a racing claim's new row
+    and then holds a shared lock on it, and two claims both upgrading theirs
+    deadlock. Without a row to lock, nothing serializes the first claims of a
+    limit.)
+    """
+    table = limit_rows()
+
+    def lock(wanted: list[tuple[str, str]]) -> dict[tuple[str, str], JobRateLimit]:
+        rows = table.filter(_named(wanted)).order_by("scope", "name").select_for_update()
+        return {(row.scope, row.name): row for row in rows}
+
+    stored = lock(keys)
+    missing = [key for key in keys if key not in stored]
+    if missing:  # a limit's first runs
+        features = connections[using()].features
+        table.bulk_create(
+            [JobRateLimit(scope=scope, name=name) for scope, name in missing],
+            update_conflicts=True,
+            update_fields=["name"],
+            unique_fields=(
+                ["scope", "name"] if features.supports_update_conflicts_with_target else None
+            ),
+        )
+        stored.update(lock(missing))
+    return stored
 
 
 def _named(keys: Sequence[tuple[str, str]]) -> Q:

@@ -141,7 +141,10 @@ def test_a_retried_attempt_is_a_start_of_its_own() -> None:
     assert limited.waiting(limits) == {"default": 1}
 
 
-def test_racing_claimers_admit_no_more_than_the_limit_between_them() -> None:
+@pytest.mark.parametrize("round", range(4))
+def test_racing_claimers_admit_no_more_than_the_limit_between_them(round: int) -> None:
+    """Six claimers race from the limit's very first claim (no row yet: whoever
+    makes it must hold it) to its last."""
     for _ in range(60):
         JobRunFactory(job_type="tests.limited")
     workers = [WorkerFactory() for _ in range(6)]
