@@ -174,7 +174,6 @@ class Window:
 
     @classmethod
     def read(cls, stored: Any, rate: Rate, now: float) -> Window:
-        cutoff = now - rate.seconds
         starts: Starts = []
         if isinstance(stored, list):
             for entry in stored[-MAX_COUNT:]:
@@ -183,7 +182,10 @@ class Window:
                     and len(entry) == 2
                     and all(isinstance(v, int | float) and not isinstance(v, bool) for v in entry)
                     and math.isfinite(entry[0])
-                    and cutoff < entry[0] <= now + rate.seconds
+                    # Still in the window (the same sum as opens_at's, so that a
+                    # window opens exactly then), and not from the future.
+                    and now < entry[0] + rate.seconds
+                    and entry[0] <= now + rate.seconds
                     and 0 < entry[1] <= MAX_COUNT
                 ):
                     starts.append([float(entry[0]), int(entry[1])])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from django_jobs import job
@@ -86,6 +86,9 @@ def test_a_malformed_window_is_read_as_empty_rather_than_trusted(stored: object)
     st.lists(st.floats(min_value=0, max_value=0.999), min_size=1, max_size=200),
     st.integers(min_value=1, max_value=10),
 )
+@example(
+    gaps=[0.62471624662127, 0.5, 0.5], count=1
+)  # opened exactly at a claim: float sums must agree
 def test_no_span_of_the_period_holds_more_than_count_admitted_starts(
     gaps: list[float], count: int
 ) -> None:
