@@ -100,8 +100,9 @@ class Supervisor:
         }
         # A process group of its own: a terminal's Ctrl-C reaches the parent only,
         # which passes it on once (reaching both, it would count as two).
+        group: dict[str, Any] = {"process_group": 0} if os.name == "posix" else {}
         self.child = subprocess.Popen(
-            autoreload.get_child_arguments(), env=env, close_fds=False, process_group=0
+            autoreload.get_child_arguments(), env=env, close_fds=False, **group
         )
         if self.stop.is_set():  # a signal came while the child was being started
             self.child.send_signal(signal.SIGTERM)
