@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
+from django.db.migrations.loader import MigrationLoader
 
 from django_jobs.models import Worker, WorkerStatus
 from tests.helpers import ROOT, WorkerProcess, on_server, wait_until, worker_env
@@ -124,12 +125,17 @@ def migrate(database: str, *args: str) -> None:
 def test_a_migration_left_to_apply_is_named(scratch_database: str) -> None:
     migrate(scratch_database)
     assert jobhealth("--readiness", DJANGO_JOBS_USE_DB=scratch_database).returncode == 0
-    migrate(scratch_database, "django_jobs", "0001")  # as if 0002 came with a deploy
+    # As if the latest migration came with a deploy: back to the one before it.
+    graph = MigrationLoader(None, ignore_no_migrations=True).graph
+    ((_, last),) = graph.leaf_nodes("django_jobs")
+    parents = graph.node_map[("django_jobs", last)].parents
+    (before,) = [name for app, name in parents if app == "django_jobs"]
+    migrate(scratch_database, "django_jobs", before)
     result = jobhealth("--readiness", DJANGO_JOBS_USE_DB=scratch_database)
     assert result.returncode == 1
     assert one_line(result) == (
         "CommandError: 1 migration(s) not applied on database 'default' "
-        f"({result_where(scratch_database)}): django_jobs.0002_mysql_indexes; "
+        f"({result_where(scratch_database)}): django_jobs.{last}; "
         "run `manage.py migrate`"
     )
     # Liveness is about the worker: no worker runs here, whatever the migrations.
