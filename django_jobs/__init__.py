@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 __all__ = [
     "JobContext",
+    "RetryAfter",
     "RetryPolicy",
     "Schedule",
     "acancel",
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from .api import acancel, aretry, astart, astart_many, cancel, retry, start, start_many
     from .backoff import RetryPolicy
     from .context import JobContext
+    from .exceptions import RetryAfter
     from .registry import job
     from .schedules import Schedule
 
@@ -36,6 +38,7 @@ _LAZY = {
     "start": "api",
     "start_many": "api",
     "JobContext": "context",
+    "RetryAfter": "exceptions",
     "job": "registry",
     "RetryPolicy": "backoff",
     "Schedule": "schedules",

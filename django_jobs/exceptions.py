@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TypeVar
+from datetime import timedelta
+from typing import Any, TypeVar
 
 from django.core.exceptions import SynchronousOnlyOperation
+
+from .backoff import checked_delay
 
 E = TypeVar("E", bound=BaseException)
 
@@ -60,6 +63,29 @@ class ChildRunTimedOut(ChildRunError):
 
 class ChildRunCanceled(ChildRunError):
     """An awaited child run was canceled."""
+
+
+class RetryAfter(JobsError):
+    """Raise it in a handler to run the run again in ``delay``, not after its policy's backoff.
+
+    For a service that says when to come back (an HTTP 429 or 503 with
+    ``Retry-After``): ``raise RetryAfter(30)`` or ``RetryAfter(timedelta(minutes=5),
+    "rate limited")``. The delay is used as given, without ``max_delay`` or jitter.
+    It ends the attempt like any error: it spends the attempt, and on the run's
+    last one (a job without a ``RetryPolicy`` has only one) the run fails with it
+    recorded. ``delay`` is seconds or a ``timedelta`` from 0 to a week; anything
+    else raises ``TypeError`` or ``ValueError`` here, where the handler raises it.
+    """
+
+    def __init__(self, delay: float | timedelta, reason: str = "") -> None:
+        self.seconds = checked_delay(delay, "RetryAfter's delay")
+        self.reason = str(reason)
+        text = f"retry in {self.seconds:g}s"
+        super().__init__(f"{text}: {self.reason}" if self.reason else text)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Built again from its arguments, not from its message (pickling, copying).
+        return (type(self), (self.seconds, self.reason), self.__dict__)
 
 
 class JobTimeout(JobsError):

@@ -37,7 +37,7 @@ from . import signals, tracing, transitions
 from .attempt import Attempt
 from .context import JobContext, LeaseLost, Suspended
 from .errors import error_record, message_of, safely, storable, type_name
-from .exceptions import InvalidJobInput, JobCanceled, JobTimeout, UnknownJobType
+from .exceptions import InvalidJobInput, JobCanceled, JobTimeout, RetryAfter, UnknownJobType
 from .models import JobRun, Status
 from .payloads import normalize
 from .registry import JobHandler, get_handler
@@ -311,12 +311,19 @@ def _listened(signal: Signal) -> bool:
 
 
 def failed_attempt(handler: JobHandler, claim: Claim, exc: BaseException) -> Decision:
-    """The decision for a handler that raised: a retry with backoff, or failed."""
+    """The decision for a handler that raised: a retry with backoff (or when the
+    handler's ``RetryAfter`` says), or failed."""
     if _goes_again(handler, claim, exc):
-        delay = handler.retry.delay(claim.attempt)
+        # A RetryAfter's delay was checked where the handler raised it.
+        delay = exc.seconds if isinstance(exc, RetryAfter) else handler.retry.delay(claim.attempt)
         error = error_record(exc, claim.attempt, retryable=True)
         return Decision(Outcome.RETRY, error=error, exception=exc, retry_in=delay)
     error = error_record(exc, claim.attempt, retryable=handler.retryable(exc))
+    if isinstance(exc, RetryAfter):
+        error["message"] += (
+            f" (on the last attempt, {claim.attempt} of {claim.max_attempts}: RetryAfter "
+            "spends an attempt like any error; RetryPolicy(attempts=N) allows more)"
+        )
     return Decision(Outcome.FAILED, error=error, exception=exc)
 
 
@@ -327,7 +334,7 @@ def _goes_again(handler: JobHandler, claim: Claim, exc: BaseException) -> bool:
     reads them), so a deploy that changes a policy does not change what queued
     runs were promised; the policy still says which errors are retryable.
     """
-    return claim.attempt < claim.max_attempts and handler.retry.is_retryable(exc)
+    return claim.attempt < claim.max_attempts and handler.retryable(exc)
 
 
 def timed_out(handler: JobHandler, claim: Claim) -> Decision:

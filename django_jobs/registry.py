@@ -17,6 +17,7 @@ from .exceptions import (
     DuplicateJobType,
     InvalidStepOutput,
     JobCanceled,
+    RetryAfter,
     UnknownJobType,
     is_never_retried,
 )
@@ -94,8 +95,11 @@ class JobHandler:
         failed step's error both record as ``retryable``.
 
         Whether attempts are left is another matter: a retryable error on the last
-        attempt still fails the run.
+        attempt still fails the run. A ``RetryAfter`` is the handler asking for
+        another attempt, whatever the policy's ``non_retryable`` lists.
         """
+        if isinstance(exc, RetryAfter):
+            return True
         if isinstance(exc, (JobCanceled, InvalidStepOutput)) or is_never_retried(exc):
             return False
         return self.retry.is_retryable(exc)

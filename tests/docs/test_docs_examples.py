@@ -57,7 +57,6 @@ from typing import Any
 import django
 import pytest
 from django.core.checks import run_checks
-from django.core.management.base import CommandError
 from django.db import IntegrityError, connections, transaction
 from django.dispatch import Signal
 from django.test import override_settings
@@ -66,7 +65,7 @@ import django_jobs
 from django_jobs import conf, registry, transitions
 from django_jobs import signals as job_signals
 from django_jobs.api import cancel
-from django_jobs.models import JobRun, JobStep, Status, Worker
+from django_jobs.models import JobRun, JobStep, Status
 from django_jobs.storage import claiming, leases
 from django_jobs.testing import drain
 from django_jobs.worker import JobWorker
@@ -339,18 +338,6 @@ def racing_starts_share_one_run(ns: dict[str, Any], settings: Any) -> None:
     assert JobRun.objects.filter(idempotency_key="welcome:3").count() == 1
 
 
-def liveness_command_sees_this_hosts_worker(ns: dict[str, Any], settings: Any) -> None:
-    """deploy.md: the probe fails without a live worker on this host, passes with one."""
-    command = ns["Command"]()
-    with pytest.raises(CommandError, match="recent heartbeat"):
-        command.handle()
-    worker = WorkerFactory()  # this host, running, heartbeat now
-    command.handle()
-    Worker.objects.filter(pk=worker.pk).update(heartbeat_at="2000-01-01T00:00:00Z")
-    with pytest.raises(CommandError):
-        command.handle()
-
-
 Check = Callable[[dict[str, Any], Any], None]
 
 # block id -> (text the block must contain, so a renumbering cannot misplace it; checks)
@@ -363,7 +350,6 @@ EXTRA_CHECKS: dict[str, tuple[str, tuple[Check, ...]]] = {
     "timeouts.md:1": ("docs.crawl", (watchdog_times_out_and_handler_leaves,)),
     "keys.md:1": ("docs.sync_account", (the_claim_skips_a_blocked_key,)),
     "keys.md:3": ("docs.welcome_email", (racing_starts_share_one_run,)),
-    "deploy.md:1": ("jobsliveness", (liveness_command_sees_this_hosts_worker,)),
 }
 
 # block id -> (text the block must contain, what is wrong in django_jobs)

@@ -19,7 +19,7 @@ from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from django_jobs import RetryPolicy, cancel, retry, start, transitions
+from django_jobs import RetryAfter, RetryPolicy, cancel, retry, start, transitions
 from django_jobs.exceptions import JobCanceled, JobTimeout, WorkerLost
 from django_jobs.execution import execute
 from django_jobs.models import JobRun, Status, Worker
@@ -154,6 +154,24 @@ def test_retries_follow_the_tasks_policy_and_the_context_counts_attempts(
     assert spent.status == TaskResultStatus.FAILED
     assert spent.attempts == 3
     assert "attempt 3 failed" in spent.errors[0].traceback
+
+
+def test_a_task_that_raises_retry_after_is_ready_again_when_it_said(events: list[Any]) -> None:
+    before = timezone.now()
+    result = finished(tasks.throttled.enqueue())
+    assert result.status == TaskResultStatus.READY
+    run_after = task_backends["default"].get_result(result.id).task.run_after
+    assert before + timedelta(seconds=599) <= run_after <= timezone.now() + timedelta(seconds=601)
+    assert result.errors[0].exception_class is RetryAfter
+    assert result.errors[0].traceback.endswith("RetryAfter: retry in 600s: 429 Too Many Requests\n")
+    assert "finished" not in [name for name, *_ in events]  # a retry is no end
+    JobRun.objects.filter(pk=run_id(result.id)).update(run_at=timezone.now())
+    result = finished(result)
+    assert (result.status, result.return_value, result.attempts) == (
+        TaskResultStatus.SUCCESSFUL,
+        2,
+        2,
+    )
 
 
 def test_a_value_that_is_not_json_fails_without_retries() -> None:

@@ -7,7 +7,7 @@ import os
 import time
 from typing import Any
 
-from django_jobs import RetryPolicy
+from django_jobs import RetryAfter, RetryPolicy
 from django_jobs.tasks_backend import run_id as run_id_of
 from django_jobs.tasks_compat import TaskContext, task
 
@@ -40,6 +40,14 @@ def flaky(context: TaskContext, succeed_on: int) -> dict[str, Any]:
     if context.attempt < succeed_on:
         raise ConnectionError(f"attempt {context.attempt} failed")
     return {"attempt": context.attempt, "id": context.task_result.id}
+
+
+@task(takes_context=True, retry=RetryPolicy(attempts=2, base_delay=0))
+def throttled(context: TaskContext) -> int:
+    """Asks to be run again in ten minutes on its first attempt (an API's 429)."""
+    if context.attempt == 1:
+        raise RetryAfter(600, "429 Too Many Requests")
+    return context.attempt
 
 
 @task(retry=RetryPolicy(attempts=5, base_delay=0))

@@ -55,6 +55,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "retention",
                 "snapshot",
                 "pools",
+                "health",
             }
         ),
     ),

@@ -6,6 +6,7 @@ import logging
 import sys
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import CommandError, CommandParser
 from django.db import DatabaseError
@@ -15,6 +16,7 @@ from django_jobs.checks import check_database, connection_limit, pool_size
 from django_jobs.eventloop import DATABASE_THREADS
 from django_jobs.exceptions import WorkerRefused
 from django_jobs.logstream import BurstHandler
+from django_jobs.management import reload
 from django_jobs.management.arguments import (
     DEFAULT_CONCURRENCY,
     MAX_CONCURRENCY,
@@ -105,6 +107,21 @@ class Command(JobsCommand):
             "of this worker's pools)",
         )
 
+        reloader = parser.add_mutually_exclusive_group()
+        reloader.add_argument(
+            "--reload",
+            dest="use_reloader",
+            action="store_true",
+            default=None,
+            help="start the worker again when code changes, after its running runs finish "
+            "(default: on when settings.DEBUG is true, unless --burst or --max-runs)",
+        )
+        reloader.add_argument(
+            "--noreload",
+            dest="use_reloader",
+            action="store_false",
+            help="do not start the worker again when code changes (as runserver's --noreload)",
+        )
         parser.add_argument(
             "--metrics-port",
             type=port,
@@ -121,6 +138,13 @@ class Command(JobsCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         self._configure_logging(options["verbosity"])
+        reloading = self._reloading(options)
+        if reloading and not reload.is_child():
+            # The reloader's parent: it runs no worker and touches no database.
+            code = reload.Supervisor().run()
+            if code:
+                sys.exit(code)
+            return
         alias = conf.get().DATABASE
         # The command's own system checks ran already; the database ones are not
         # run by default, but a worker must not start on a database django_jobs
@@ -153,7 +177,12 @@ class Command(JobsCommand):
             scheduler=options["scheduler"],
             watchman=True,
         )
-        worker.install_signal_handlers()
+        watcher = reload.Reloading(worker) if reloading else None
+        if watcher is not None:
+            watcher.install_signal_handlers()
+            watcher.start()
+        else:
+            worker.install_signal_handlers()
         try:
             code = worker.run()
         except WorkerRefused as exc:
@@ -164,8 +193,31 @@ class Command(JobsCommand):
             raise CommandError(
                 f"the worker could not start its threads ({exc}); lower --concurrency ({slots})."
             ) from exc
+        if watcher is not None and watcher.restart:
+            sys.exit(reload.RESTART)
         if code:
             sys.exit(code)
+
+    def _reloading(self, options: dict[str, Any]) -> bool:
+        """Whether to run under the reloader: --reload, --noreload, else settings.DEBUG
+        (not for a worker that exits by itself, nor one not started from a shell)."""
+        asked = options["use_reloader"]
+        ends = options["burst"] or options["max_runs"] is not None
+        from_shell = getattr(self, "_called_from_command_line", False)
+        if asked is None:
+            return bool(settings.DEBUG) and not ends and from_shell
+        if asked and ends:
+            raise CommandError(
+                "--reload cannot be combined with --burst or --max-runs: a worker that "
+                "exits by itself has nothing to restart",
+                returncode=2,
+            )
+        if asked and not from_shell:
+            raise CommandError(
+                "--reload starts this command line again in a new process: run "
+                "`manage.py runjobworker --reload` from a shell, not call_command()"
+            )
+        return bool(asked)
 
     def _concurrency(self, requested: int | None, async_runs: int, alias: str) -> tuple[int, int]:
         """The slots to run and the event loop's database threads: --concurrency,
