@@ -15,7 +15,7 @@ from django.db import IntegrityError, connections, transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from . import conf, transitions
+from . import conf, tracing, transitions
 from .exceptions import InvalidJobInput, RunNotFound, SyncOnlyCall
 from .models import JobRun, Status
 from .names import pool_problem
@@ -158,11 +158,22 @@ def _copy(template: JobRun, data: Any, key: str | None, rate_key: str | None) ->
 
 
 def start_child(
-    parent: JobRun, job_type: str, input: Any, *, close_policy: str, **options: Any
+    parent: JobRun,
+    job_type: str,
+    input: Any,
+    *,
+    close_policy: str,
+    trace_context: dict[str, str] | None = None,
+    **options: Any,
 ) -> JobRun:
-    """Insert a child run of ``parent`` (used by ``ctx.spawn_child``, inside its step)."""
+    """Insert a child run of ``parent`` (used by ``ctx.spawn_child``, inside its step).
+
+    ``trace_context`` is the handler's, captured where its span is current (an
+    async handler's step runs on a database thread, outside it).
+    """
     run = _build(get_handler(job_type), input, parent=parent, **options)
     run.close_policy = close_policy
+    run.trace_context = trace_context
     run.save(using=conf.get().DATABASE, force_insert=True)
     return run
 
@@ -292,6 +303,8 @@ def _template(
         idempotency_key=_text("idempotency_key", idempotency_key, 255),
         tags=_tags(tags),
         tenant_id=_text("tenant_id", tenant_id, 100),
+        # Once per call: start_many's runs share their starter's context.
+        trace_context=tracing.capture(),
     )
     when = _when(run_at, delay)
     if when is not None:

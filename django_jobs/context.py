@@ -18,7 +18,7 @@ from django.db import DatabaseError, connections, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from . import api, conf, transitions
+from . import api, conf, tracing, transitions
 from .attempt import Attempt
 from .errors import error_record
 from .exceptions import (
@@ -341,8 +341,18 @@ class JobContext:
                 f"close_policy must be one of {ClosePolicy.values}, got {close_policy!r}"
             )
 
+        # Here, where the attempt's span is current: the step may run on another thread.
+        trace_context = tracing.capture()
+
         def create() -> dict[str, int]:
-            child = api.start_child(self.run, job_type, input, close_policy=close_policy, **options)
+            child = api.start_child(
+                self.run,
+                job_type,
+                input,
+                close_policy=close_policy,
+                trace_context=trace_context,
+                **options,
+            )
             return {"run_id": child.pk}
 
         return create

@@ -172,7 +172,12 @@ def _begin(handler: JobHandler, attempt: Attempt) -> JobContext:
 def _span(attempt: Attempt) -> AbstractContextManager[None]:
     claim = attempt.claim
     return tracing.run_span(
-        claim.run_id, claim.job_type, claim.pool, claim.attempt, (Suspended, LeaseLost)
+        claim.run_id,
+        claim.job_type,
+        claim.pool,
+        claim.attempt,
+        (Suspended, LeaseLost),
+        claim.trace_context,
     )
 
 

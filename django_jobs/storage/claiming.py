@@ -46,6 +46,7 @@ CLAIM_FIELDS = (
     "run_at",
     "concurrency_key",
     "cancel_requested_at",
+    "trace_context",
 )
 
 
@@ -73,6 +74,7 @@ class Claim:
     run_at: datetime | None = None
     concurrency_key: str | None = None
     cancel_requested_at: datetime | None = None
+    trace_context: Any = None  # as stored: read by tracing.parse() only
     # Whether the run had recorded steps when claimed; None when not known.
     has_steps: bool | None = None
 
@@ -97,6 +99,7 @@ class Claim:
             run_at=row["run_at"],
             concurrency_key=row["concurrency_key"],
             cancel_requested_at=row["cancel_requested_at"],
+            trace_context=row["trace_context"],
             has_steps=has_steps,
         )
 
@@ -117,6 +120,7 @@ class Claim:
             run_at=self.run_at,
             concurrency_key=self.concurrency_key,
             cancel_requested_at=self.cancel_requested_at,
+            trace_context=self.trace_context,
             status=Status.RUNNING,
             lease_token=self.lease_token,
         )
@@ -355,7 +359,8 @@ def _claim_in_one_statement(
             run_at=values[11],
             concurrency_key=values[12],
             cancel_requested_at=values[13],
-            has_steps=values[14],
+            trace_context=_stored_json(values[14]),
+            has_steps=values[15],
         )
         for values in rows
     ]
@@ -427,6 +432,17 @@ def claim_two_statements(
     for row in rows:
         row["attempts"] += 1
     return [Claim.from_row(row, token, bool(row["has_steps"])) for row in rows]
+
+
+def _stored_json(text: str | None) -> Any:
+    """A jsonb column read as text, decoded; a value nested too deeply to decode
+    stays text (anyone who can write the table can write it)."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except RecursionError:
+        return text
 
 
 def _locked(ids: list[int]) -> list[dict[str, Any]]:
