@@ -8,9 +8,10 @@ from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.urls import reverse
-from django.utils import timezone
+from django.utils import formats, timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
+from django.utils.translation import gettext, ngettext
 
 from ..models import JobRun, Status
 from ..payloads import finite
@@ -92,15 +93,23 @@ def preformatted(
 
 
 def truncated(size: int, whole: str | None, *, unit: str = "bytes") -> SafeString:
-    """The note under a cut value: its whole size, and where to get all of it."""
-    if whole is None:
-        return format_html('<p class="dj-truncated">truncated, {} {}</p>', f"{size:,}", unit)
-    return format_html(
-        '<p class="dj-truncated">truncated, {} {}: <a href="{}">download the whole value</a></p>',
-        f"{size:,}",
-        unit,
-        whole,
-    )
+    """The note under a cut value: its whole size (``unit``: bytes or characters),
+    and where to get all of it."""
+    if unit == "bytes":
+        text = ngettext("truncated, {size} byte", "truncated, {size} bytes", size)
+    else:
+        text = ngettext("truncated, {size} character", "truncated, {size} characters", size)
+    note = format_html(text, size=number(size))
+    if whole is not None:
+        note = format_html(
+            gettext('{note}: <a href="{url}">download the whole value</a>'), note=note, url=whole
+        )
+    return format_html('<p class="dj-truncated">{}</p>', note)
+
+
+def number(value: float, decimals: int | None = None) -> str:
+    """``value`` as the user's language writes it: ``19,951`` in English, ``19 951`` in French."""
+    return formats.number_format(value, decimals, force_grouping=True)
 
 
 def timestamp(value: datetime | None) -> SafeString | str:
@@ -120,16 +129,25 @@ def timestamp(value: datetime | None) -> SafeString | str:
 def duration(start: datetime | None, end: datetime | None) -> str:
     if start is None or end is None or end < start:
         return EMPTY
-    seconds = (end - start).total_seconds()
+    return elapsed((end - start).total_seconds())
+
+
+def elapsed(seconds: float) -> str:
+    """``350 ms``, ``4.2 s``, ``12.5 min``, ``3.0 h`` or ``2.5 days``, in the user's language."""
     if seconds < 1:
-        return f"{seconds * 1000:.0f} ms"
+        return gettext("{value} ms").format(value=number(round(seconds * 1000)))
     if seconds < 120:
-        return f"{seconds:.1f} s"
+        return gettext("{value} s").format(value=number(seconds, 1))
     if seconds < 120 * 60:
-        return f"{seconds / 60:.1f} min"
+        return gettext("{value} min").format(value=number(seconds / 60, 1))
     if seconds < 48 * 3600:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} days"
+        return gettext("{value} h").format(value=number(seconds / 3600, 1))
+    return gettext("{value} days").format(value=number(seconds / 86400, 1))
+
+
+def so_far(duration: str) -> str:
+    """A running run's duration until now."""
+    return gettext("{duration} so far").format(duration=duration)
 
 
 def run_link(run_id: int | None, text: str | None = None) -> SafeString | str:

@@ -12,6 +12,7 @@ from typing import Any
 
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
+from django.utils.translation import gettext
 
 from . import display
 
@@ -68,15 +69,15 @@ def render(
     """
     facts = []
     if error.attempt is not None:
-        facts.append(f"attempt {str(error.attempt)[:20]}")
+        facts.append(gettext("attempt {number}").format(number=str(error.attempt)[:20]))
     if not_retryable(error.retryable):
-        facts.append("not retryable")
+        facts.append(gettext("not retryable"))
     note = ""
     if error.message_size > limit:
         note = display.truncated(error.message_size, whole, unit="characters")
     line = format_html(
         '<div class="dj-error"><strong>{}</strong>: {}{}</div>{}',
-        error.type[:1000] or "error",
+        error.type[:1000] or gettext("error"),
         error.message[:limit],
         format_html(" <small>({})</small>", ", ".join(facts)) if facts else "",
         note,
@@ -84,9 +85,10 @@ def render(
     if not error.traceback:
         return line
     return format_html(
-        '{}<details class="dj-traceback"{}><summary>traceback</summary>{}</details>',
+        '{}<details class="dj-traceback"{}><summary>{}</summary>{}</details>',
         line,
         " open" if traceback_open else "",
+        gettext("traceback"),
         display.preformatted(error.traceback, whole=whole, limit=limit, size=_cut_size(error)),
     )
 

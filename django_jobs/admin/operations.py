@@ -18,6 +18,9 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
+from django.utils.functional import Promise
+from django.utils.translation import gettext, ngettext
+from django.utils.translation import gettext_lazy as _
 
 from .. import api
 from ..exceptions import JobsError
@@ -26,15 +29,20 @@ from ..models import UNSUCCESSFUL_STATUSES, JobRun, Status
 
 @dataclass(frozen=True)
 class Operation:
-    """One operator action: its permission, wording and the api call behind it."""
+    """One operator action: its permission, wording and the api call behind it.
+
+    ``verb``, ``explanation`` and the option's label are in the user's language;
+    ``logged`` is the verb of the history entries, in English as stored records are.
+    """
 
     name: str
-    verb: str
+    verb: str | Promise
     permission: str  # codename prefix: "<permission>_jobrun"
-    explanation: str
-    option: tuple[str, str, bool] | None  # (field name, label, checked by default)
+    explanation: str | Promise
+    option: tuple[str, str | Promise, bool] | None  # (field name, label, checked by default)
     apply: Callable[[JobRun, bool], int]
     statuses: frozenset[str]  # the run statuses it changes (others are skipped)
+    logged: str
 
 
 OPERATIONS = {
@@ -42,34 +50,42 @@ OPERATIONS = {
     for op in [
         Operation(
             "retry",
-            "Retry",
+            _("Retry"),
             "retry",
-            "Failed, timed-out and canceled runs go back to pending with fresh attempts. "
-            "Completed steps replay unless you reset them. Other runs are skipped.",
-            ("reset_steps", "Reset steps: completed steps run again", False),
+            _(
+                "Failed, timed-out and canceled runs go back to pending with fresh attempts. "
+                "Completed steps replay unless you reset them. Other runs are skipped."
+            ),
+            ("reset_steps", _("Reset steps: completed steps run again"), False),
             lambda run, reset: int(api.retry(run.pk, reset_steps=reset) is not None),
             frozenset(UNSUCCESSFUL_STATUSES),
+            "Retry",
         ),
         Operation(
             "cancel",
-            "Cancel",
+            _("Cancel"),
             "cancel",
-            "Pending and waiting runs are canceled at once; running runs are asked to stop. "
-            "Finished runs are skipped.",
-            ("cascade", "Cascade: apply the children's close policies", True),
+            _(
+                "Pending and waiting runs are canceled at once; running runs are asked to "
+                "stop. Finished runs are skipped."
+            ),
+            ("cascade", _("Cascade: apply the children's close policies"), True),
+            # The run's cancel reason is stored data, as an API caller's is: not translated.
             lambda run, cascade: api.cancel(
                 run.pk, cascade=cascade, reason="canceled from the admin"
             ),
             frozenset({Status.PENDING, Status.RUNNING, Status.WAITING}),
+            "Cancel",
         ),
         Operation(
             "run_now",
-            "Run now",
+            _("Run now"),
             "run_now",
-            "Pending runs become due now. Other runs are skipped.",
+            _("Pending runs become due now. Other runs are skipped."),
             None,
-            lambda run, _: int(api.run_now(run.pk)),
+            lambda run, flag: int(api.run_now(run.pk)),
             frozenset({Status.PENDING}),
+            "Run now",
         ),
     ]
 }
@@ -98,15 +114,15 @@ class OperationsMixin:
 
     # --- bulk actions -------------------------------------------------------------
 
-    @admin.action(permissions=["retry"], description="Retry selected runs")
+    @admin.action(permissions=["retry"], description=_("Retry selected runs"))
     def retry_runs(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> HttpResponse | None:
         return self._bulk(request, queryset, OPERATIONS["retry"])
 
-    @admin.action(permissions=["cancel"], description="Cancel selected runs")
+    @admin.action(permissions=["cancel"], description=_("Cancel selected runs"))
     def cancel_runs(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> HttpResponse | None:
         return self._bulk(request, queryset, OPERATIONS["cancel"])
 
-    @admin.action(permissions=["run_now"], description="Run selected pending runs now")
+    @admin.action(permissions=["run_now"], description=_("Run selected pending runs now"))
     def run_runs_now(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> HttpResponse | None:
         return self._bulk(request, queryset, OPERATIONS["run_now"])
 
@@ -189,13 +205,16 @@ class OperationsMixin:
             if count:
                 changed += 1
                 detail = f" ({op.option[0]})" if op.option and flag else ""
-                self.log_change(request, run, f"{op.verb}{detail} via the admin")  # type: ignore[attr-defined]
+                self.log_change(request, run, f"{op.logged}{detail} via the admin")  # type: ignore[attr-defined]
             else:
                 skipped += 1
         level = messages.SUCCESS if changed else messages.WARNING
-        self.message_user(  # type: ignore[attr-defined]
-            request, f"{op.verb}: {changed} run(s) changed, {skipped} skipped.", level
-        )
+        report = ngettext(
+            "{verb}: {changed} run changed, {skipped} skipped.",
+            "{verb}: {changed} runs changed, {skipped} skipped.",
+            changed,
+        ).format(verb=op.verb, changed=changed, skipped=skipped)
+        self.message_user(request, report, level)  # type: ignore[attr-defined]
 
     def _confirmation(
         self,
@@ -210,7 +229,7 @@ class OperationsMixin:
     ) -> HttpResponse:
         context = {
             **self.admin_site.each_context(request),
-            "title": f"{op.verb}: are you sure?",
+            "title": gettext("{verb}: are you sure?").format(verb=op.verb),
             "opts": self.opts,
             "operation": op,
             "runs": runs,

@@ -14,9 +14,11 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
+from django.utils.translation import gettext
 
 from ..pools import pause_pool, pool_problem, reason_problem, resume_pool
-from ..snapshot import age, snapshot
+from ..snapshot import snapshot
+from . import display
 
 # Finished runs and runs/min on the pools page count over this span.
 POOLS_WINDOW = timedelta(minutes=5)
@@ -50,12 +52,12 @@ class PoolsPageMixin:
         shot = snapshot(window=POOLS_WINDOW)
         context = {
             **self.admin_site.each_context(request),
-            "title": "Pools",
+            "title": gettext("Pools"),
             "opts": self.opts,
             "pools": [
                 {
                     "status": pool,
-                    "oldest": age(pool.oldest_pending),
+                    "oldest": _age(pool.oldest_pending),
                     "runs_per_minute": shot.runs_per_minute(pool),
                 }
                 for pool in shot.pools
@@ -69,23 +71,36 @@ class PoolsPageMixin:
         name = request.POST.get("pool", "")
         operation = request.POST.get("operation")
         reason = request.POST.get("reason", "").strip()
+        # What is wrong with a name or a reason is said in English, as the API's
+        # exceptions say it (docs/admin.md): those come from a hand-made request.
         problem = pool_problem(name)
         if problem is not None:
-            self._tell(request, f"Pool {name!r} {problem}.", messages.ERROR)
+            text = gettext("Pool {name} {problem}.").format(name=repr(name), problem=problem)
+            self._tell(request, text, messages.ERROR)
         elif operation == "pause" and (problem := reason_problem(reason)) is not None:
-            self._tell(request, f"The pause reason {problem}.", messages.ERROR)
+            text = gettext("The pause reason {problem}.").format(problem=problem)
+            self._tell(request, text, messages.ERROR)
         elif operation == "pause":
             if pause_pool(name, reason=reason):
-                self._tell(request, f"Paused pool {name!r}: workers stop claiming its runs.")
+                text = gettext("Paused pool {name}: workers stop claiming its runs.")
+                self._tell(request, text.format(name=repr(name)))
             else:
-                self._tell(request, f"Pool {name!r} was paused already.", messages.WARNING)
+                text = gettext("Pool {name} was paused already.").format(name=repr(name))
+                self._tell(request, text, messages.WARNING)
         elif operation == "resume":
             if resume_pool(name):
-                self._tell(request, f"Resumed pool {name!r}.")
+                self._tell(request, gettext("Resumed pool {name}.").format(name=repr(name)))
             else:
-                self._tell(request, f"Pool {name!r} was not paused.", messages.WARNING)
+                text = gettext("Pool {name} was not paused.").format(name=repr(name))
+                self._tell(request, text, messages.WARNING)
         else:
-            self._tell(request, f"Unknown operation {operation!r}.", messages.ERROR)
+            text = gettext("Unknown operation {operation}.").format(operation=repr(operation))
+            self._tell(request, text, messages.ERROR)
 
     def _tell(self, request: HttpRequest, message: str, level: int = messages.INFO) -> None:
         self.message_user(request, message, level)  # type: ignore[attr-defined]
+
+
+def _age(value: timedelta | None) -> str:
+    """How long the oldest due run has waited, as the run list writes durations."""
+    return display.EMPTY if value is None else display.elapsed(value.total_seconds())

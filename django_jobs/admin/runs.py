@@ -14,6 +14,8 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 
 from .. import conf
 from ..models import FINISHED_STATUSES, JobRun, Status, Worker
@@ -22,6 +24,7 @@ from ..storage import vendors
 from . import display
 from .display import EMPTY
 from .downloads import DownloadsMixin
+from .labels import FieldLabels
 from .operations import OperationsMixin
 from .pools import PoolsPageMixin
 from .summary import RunSummaryMixin
@@ -62,7 +65,7 @@ class ExactFilter(admin.SimpleListFilter):
 
 
 class JobTypeFilter(ExactFilter):
-    title = "job type"
+    title = _("job type")
     parameter_name = field = "job_type"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
@@ -71,7 +74,7 @@ class JobTypeFilter(ExactFilter):
 
 
 class PoolFilter(ExactFilter):
-    title = "pool"
+    title = _("pool")
     parameter_name = field = "pool"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
@@ -84,7 +87,7 @@ class PoolFilter(ExactFilter):
 
 
 class TenantFilter(ExactFilter):
-    title = "tenant"
+    title = _("tenant")
     parameter_name = "tenant"
     field = "tenant_id"
 
@@ -105,8 +108,24 @@ class JobRunAdmin(  # type: ignore[misc]
     DownloadsMixin,
     PoolsPageMixin,
     OperationsMixin,
+    FieldLabels,
     admin.ModelAdmin,  # type: ignore[type-arg]
 ):
+    field_labels = {
+        "id": _("id"),
+        "job_type": _("job type"),
+        "status": _("status"),
+        "pool": _("pool"),
+        "priority": _("priority"),
+        "tenant_id": _("tenant"),
+        "tags": _("tags"),
+        "concurrency_key": _("concurrency key"),
+        "idempotency_key": _("idempotency key"),
+        "created_at": _("created"),
+        "cancel_reason": _("cancel reason"),
+        "close_policy": _("close policy"),
+        "lease_token": _("lease token"),
+    }
     # Fits a 1,400 px window beside the filters: one timestamp and a duration,
     # not three timestamps; progress under the status; the priority is on the run page.
     list_display = [
@@ -131,7 +150,7 @@ class JobRunAdmin(  # type: ignore[misc]
     def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
         return lookup in self.allowed_lookups
 
-    search_help_text = "A run id, a job type, an idempotency key, or tag:NAME (exact matches)."
+    search_help_text = _("A run id, a job type, an idempotency key, or tag:NAME (exact matches).")
     search_fields = ["job_type"]  # enables the box; get_search_results does the work
     ordering = ["-id"]
     list_per_page = 50
@@ -144,7 +163,7 @@ class JobRunAdmin(  # type: ignore[misc]
     # reads first: status, error, attempts, times, worker. Every field follows.
     fieldsets = [
         (
-            "Run",
+            _("Run"),
             {
                 "fields": [
                     "id",
@@ -161,7 +180,7 @@ class JobRunAdmin(  # type: ignore[misc]
             },
         ),
         (
-            "Times",
+            _("Times"),
             {
                 "fields": [
                     "created",
@@ -175,10 +194,10 @@ class JobRunAdmin(  # type: ignore[misc]
                 ]
             },
         ),
-        ("Data", {"fields": ["input_pretty", "output_pretty"]}),
-        ("Steps", {"fields": ["step_timeline"]}),
+        (_("Data"), {"fields": ["input_pretty", "output_pretty"]}),
+        (_("Steps"), {"fields": ["step_timeline"]}),
         (
-            "Family",
+            _("Family"),
             {
                 "fields": [
                     "parent_link",
@@ -189,7 +208,7 @@ class JobRunAdmin(  # type: ignore[misc]
                 ]
             },
         ),
-        ("Worker", {"fields": ["worker_link", "lease_token", "attempt_workers"]}),
+        (_("Worker"), {"fields": ["worker_link", "lease_token", "attempt_workers"]}),
     ]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
@@ -249,28 +268,28 @@ class JobRunAdmin(  # type: ignore[misc]
 
     # --- columns ------------------------------------------------------------------
 
-    @admin.display(description="status", ordering="status")
+    @admin.display(description=_("status"), ordering="status")
     def status_badge(self, run: JobRun) -> SafeString:
         return display.badge(run.status)
 
-    @admin.display(description="attempts", ordering="attempts")
+    @admin.display(description=_("attempts"), ordering="attempts")
     def attempts_display(self, run: JobRun) -> str:
         return f"{run.attempts}/{run.max_attempts}"
 
-    @admin.display(description="created", ordering="created_at")
+    @admin.display(description=_("created"), ordering="created_at")
     def created(self, run: JobRun) -> SafeString | str:
         return display.timestamp(run.created_at)
 
-    @admin.display(description="duration")
+    @admin.display(description=_("duration"))
     def duration(self, run: JobRun) -> str:
         """From creation to end: a whole life, waits for children and retries included."""
         if run.status in FINISHED_STATUSES:
             return display.duration(run.created_at, run.finished_at)
         if run.status == Status.RUNNING:
-            return f"{display.duration(run.created_at, timezone.now())} so far"
+            return display.so_far(display.duration(run.created_at, timezone.now()))
         return EMPTY
 
-    @admin.display(description="status", ordering="status")
+    @admin.display(description=_("status"), ordering="status")
     def status_list(self, run: JobRun) -> SafeString:
         """The badge, and under it an unfinished run's progress (a finished run's
         last report is history: on its page only, labelled)."""
@@ -288,25 +307,25 @@ class JobRunAdmin(  # type: ignore[misc]
 
     # --- the run page -------------------------------------------------------------
 
-    @admin.display(description="input")
+    @admin.display(description=_("input"))
     def input_pretty(self, run: JobRun) -> SafeString:
         return display.pretty_json(run.input, whole=self.payload_url(run.pk, "input"))
 
-    @admin.display(description="output")
+    @admin.display(description=_("output"))
     def output_pretty(self, run: JobRun) -> SafeString | str:
         if run.output is None:
             return EMPTY
         return display.pretty_json(run.output, whole=self.payload_url(run.pk, "output"))
 
-    @admin.display(description="parent")
+    @admin.display(description=_("parent"))
     def parent_link(self, run: JobRun) -> SafeString | str:
         return EMPTY if run.parent is None else display.run_label(run.parent)
 
-    @admin.display(description="root")
+    @admin.display(description=_("root"))
     def root_link(self, run: JobRun) -> SafeString | str:
         return EMPTY if run.root is None else display.run_label(run.root)
 
-    @admin.display(description="children")
+    @admin.display(description=_("children"))
     def children_links(self, run: JobRun) -> SafeString | str:
         children = list(
             JobRun.objects.using(conf.get().DATABASE)
@@ -323,18 +342,20 @@ class JobRunAdmin(  # type: ignore[misc]
         if len(children) > CHILDREN_SHOWN:
             url = reverse(f"{self.admin_site.name}:django_jobs_jobrun_changelist")
             more = format_html(
-                '<li>the first {} are shown: <a href="{}?parent={}">all of them</a></li>',
-                CHILDREN_SHOWN,
-                url,
-                run.pk,
+                "<li>{}</li>",
+                format_html(
+                    gettext('the first {count} are shown: <a href="{url}">all of them</a>'),
+                    count=CHILDREN_SHOWN,
+                    url=f"{url}?parent={run.pk}",
+                ),
             )
         return format_html('<ul style="margin:0;padding-left:1em">{}{}</ul>', items, more)
 
-    @admin.display(description="trigger")
+    @admin.display(description=_("trigger"))
     def trigger(self, run: JobRun) -> str:
         return f"{run.trigger_source} {run.trigger_ref}".strip()
 
-    @admin.display(description="workers by attempt")
+    @admin.display(description=_("workers by attempt"))
     def attempt_workers(self, run: JobRun) -> str:
         return ", ".join(f"{n}: {worker}" for n, worker in enumerate(run.worker_ids, 1)) or EMPTY
 

@@ -12,15 +12,28 @@ from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
 
 from .. import conf
 from ..models import JobSchedule
 from ..registry import all_handlers
 from ..schedules import entries
+from .labels import FieldLabels
 
 
 @admin.register(JobSchedule)
-class JobScheduleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class JobScheduleAdmin(FieldLabels, admin.ModelAdmin):  # type: ignore[type-arg]
+    field_labels = {
+        "name": _("name"),
+        "job_type": _("job type"),
+        "cron": _("cron"),
+        "timezone": _("time zone"),
+        "missed": _("missed ticks"),
+        "last_tick": _("last tick"),
+        "next_tick": _("next tick"),
+        "created_at": _("created at"),
+        "updated_at": _("updated at"),
+    }
     list_display = [
         "name",
         "job_type",
@@ -52,12 +65,12 @@ class JobScheduleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         queryset: QuerySet[JobSchedule] = super().get_queryset(request)
         return queryset.using(conf.get().DATABASE)
 
-    @admin.display(description="overdue", boolean=True)
+    @admin.display(description=_("overdue"), boolean=True)
     def overdue(self, schedule: JobSchedule) -> bool:
         """Whether the next tick has passed unhandled: no worker of the job's pool schedules it."""
         return schedule.next_tick is not None and schedule.next_tick < timezone.now()
 
-    @admin.display(description="declared", boolean=True)
+    @admin.display(description=_("declared"), boolean=True)
     def declared(self, schedule: JobSchedule) -> bool:
         """Whether this code base still declares the schedule (a removed one's row stays)."""
         return schedule.name in {entry.name for entry in entries(all_handlers())}

@@ -14,6 +14,8 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 
 from ..models import FINISHED_STATUSES, UNSUCCESSFUL_STATUSES, JobRun, Status
 from . import display, errors
@@ -27,20 +29,27 @@ class RunSummaryMixin:
 
     def run_summary(self, run: JobRun) -> SafeString:
         finished = run.status in FINISHED_STATUSES
+        attempts = gettext("{used} of {allowed}").format(
+            used=run.attempts, allowed=run.max_attempts
+        )
         rows = [
-            ("status", self._state(run)),
-            ("attempts", f"{run.attempts} of {run.max_attempts}"),
+            (gettext("status"), self._state(run)),
+            (gettext("attempts"), attempts),
             (_error_label(run), self._error(run)),
-            ("times", self._times(run)),
-            ("duration", self.duration_detail(run)),
-            ("worker", self.worker_link(run)),
+            (gettext("times"), self._times(run)),
+            (gettext("duration"), self.duration_detail(run)),
+            (gettext("worker"), self.worker_link(run)),
             # A finished run's last report is on the field list, labelled.
-            ("progress", EMPTY if finished else display.progress(run.progress)),
-            ("parent", EMPTY if run.parent is None else display.run_label(run.parent)),
+            (gettext("progress"), EMPTY if finished else display.progress(run.progress)),
+            (
+                gettext("parent"),
+                EMPTY if run.parent is None else display.run_label(run.parent),
+            ),
         ]
         return format_html(
-            '<fieldset class="module dj-summary"><h2 class="fieldset-heading">Summary</h2>'
+            '<fieldset class="module dj-summary"><h2 class="fieldset-heading">{}</h2>'
             "<table><tbody>{}</tbody></table></fieldset>",
+            gettext("Summary"),
             format_html_join(
                 "",
                 '<tr><th scope="row">{}</th><td>{}</td></tr>',
@@ -52,18 +61,27 @@ class RunSummaryMixin:
         note: SafeString | str = ""
         if run.status == Status.PENDING:
             due = run.run_at is not None and run.run_at > timezone.now()
-            note = format_html("due {}", display.timestamp(run.run_at)) if due else "due now"
+            note = (
+                format_html(gettext("due {time}"), time=display.timestamp(run.run_at))
+                if due
+                else gettext("due now")
+            )
         elif run.status == Status.WAITING:
             note = (
-                "waiting for its child runs"
+                gettext("waiting for its child runs")
                 if run.awaiting is not None
-                else format_html("sleeping until {}", display.timestamp(run.run_at))
+                else format_html(
+                    gettext("sleeping until {time}"), time=display.timestamp(run.run_at)
+                )
             )
         if run.cancel_requested_at is not None and run.status not in FINISHED_STATUSES:
             note = format_html(
-                "{}cancel requested {}",
+                "{}{}",
                 format_html("{}; ", note) if note else "",
-                display.timestamp(run.cancel_requested_at),
+                format_html(
+                    gettext("cancel requested {time}"),
+                    time=display.timestamp(run.cancel_requested_at),
+                ),
             )
         if run.cancel_reason:
             note = format_html("{}{}", format_html("{}; ", note) if note else "", run.cancel_reason)
@@ -76,33 +94,40 @@ class RunSummaryMixin:
         return errors.render(shown, whole=self.payload_url(run.pk, "error"), traceback_open=True)
 
     def _times(self, run: JobRun) -> SafeString:
-        parts = [("created", run.created_at), ("last execution started", run.started_at)]
-        parts.append(("finished", run.finished_at))
+        parts = [
+            (gettext("created {time}"), run.created_at),
+            (gettext("last execution started {time}"), run.started_at),
+            (gettext("finished {time}"), run.finished_at),
+        ]
         return format_html_join(
             " · ",
-            "{} {}",
-            ((label, display.timestamp(value)) for label, value in parts if value is not None),
+            "{}",
+            (
+                (format_html(text, time=display.timestamp(value)),)
+                for text, value in parts
+                if value is not None
+            ),
         )
 
     # --- fields of the run page ---------------------------------------------------
 
-    @admin.display(description="run at")
+    @admin.display(description=_("run at"))
     def due(self, run: JobRun) -> SafeString | str:
         return display.timestamp(run.run_at)
 
-    @admin.display(description="started at (latest execution)")
+    @admin.display(description=_("started at (latest execution)"))
     def started(self, run: JobRun) -> SafeString | str:
         return display.timestamp(run.started_at)
 
-    @admin.display(description="finished at")
+    @admin.display(description=_("finished at"))
     def finished(self, run: JobRun) -> SafeString | str:
         return display.timestamp(run.finished_at)
 
-    @admin.display(description="cancel requested at")
+    @admin.display(description=_("cancel requested at"))
     def cancel_requested(self, run: JobRun) -> SafeString | str:
         return display.timestamp(run.cancel_requested_at)
 
-    @admin.display(description="duration")
+    @admin.display(description=_("duration"))
     def duration_detail(self, run: JobRun) -> str:
         """The whole life from creation, and the latest execution alone.
 
@@ -117,33 +142,41 @@ class RunSummaryMixin:
         whole = display.duration(run.created_at, end)
         if whole == EMPTY:
             return EMPTY
-        text = f"{whole} from creation to end" if finished else f"{whole} so far"
+        if finished:
+            text = gettext("{duration} from creation to end").format(duration=whole)
+        else:
+            text = display.so_far(whole)
         last = display.duration(run.started_at, end)
         if last != EMPTY and last != whole:
-            text += f" · latest execution {last}"
+            latest = gettext("latest execution {duration}").format(duration=last)
+            text = f"{text} · {latest}"
         return text
 
-    @admin.display(description="progress")
+    @admin.display(description=_("progress"))
     def progress_display(self, run: JobRun) -> str:
         text = display.progress(run.progress)
         if text != EMPTY and run.status in FINISHED_STATUSES:
-            return f"{text} (its last report, before the run ended)"
+            return gettext("{progress} (its last report, before the run ended)").format(
+                progress=text
+            )
         return text
 
-    @admin.display(description="worker")
+    @admin.display(description=_("worker"))
     def worker_link(self, run: JobRun) -> SafeString | str:
         worker = run.claimed_by
         if worker is None:
             return EMPTY
         url = reverse("admin:django_jobs_worker_change", args=[worker.pk])
         if run.status == Status.RUNNING:
-            role = f"holds it now; the worker is {worker.status}"
+            role = gettext("holds it now; the worker is {status}").format(
+                status=worker.get_status_display().lower()
+            )
         else:
-            role = "ran its last attempt"
+            role = gettext("ran its last attempt")
         return format_html('<a href="{}">{}</a> ({})', url, str(worker), role)
 
 
 def _error_label(run: JobRun) -> str:
     """ "error" for a run that ended with it; "last error" for one that carries on
     (a retry is due) or completed after it."""
-    return "error" if run.status in UNSUCCESSFUL_STATUSES else "last error"
+    return gettext("error") if run.status in UNSUCCESSFUL_STATUSES else gettext("last error")

@@ -17,6 +17,8 @@ from django.db.models.functions import Cast, Coalesce, Left, Length
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 
 from .. import conf
 from ..models import JobRun, JobStep
@@ -56,7 +58,7 @@ class StepTimelineMixin:
 
     payload_url: Callable[..., str]  # DownloadsMixin's
 
-    @admin.display(description="steps")
+    @admin.display(description=_("steps"))
     def step_timeline(self, run: JobRun) -> SafeString | str:
         steps = JobStep.objects.using(conf.get().DATABASE).filter(run_id=run.pk)
         total = steps.count()
@@ -84,10 +86,24 @@ class StepTimelineMixin:
                 for step in shown
             ),
         )
+        headers = format_html_join(
+            "",
+            "<th>{}</th>",
+            (
+                (header,)
+                for header in (
+                    "#",
+                    gettext("step"),
+                    gettext("status"),
+                    gettext("attempts"),
+                    gettext("duration"),
+                    gettext("output / error"),
+                )
+            ),
+        )
         return format_html(
-            '<table class="dj-steps"><thead><tr><th>#</th><th>step</th><th>status</th>'
-            "<th>attempts</th><th>duration</th><th>output / error</th></tr></thead>"
-            "<tbody>{}</tbody></table>{}",
+            '<table class="dj-steps"><thead><tr>{}</tr></thead><tbody>{}</tbody></table>{}',
+            headers,
             rows,
             self._step_pages(run.pk, page, pages, start, len(shown), total),
         )
@@ -114,13 +130,15 @@ class StepTimelineMixin:
             return EMPTY
         if size is None or size <= STEP_PREVIEW:
             return format_html('<code class="dj-json">{}</code>', preview)
-        field = "error" if step["status"] == JobStep.StepStatus.FAILED else "output"
+        if step["status"] == JobStep.StepStatus.FAILED:
+            field, text = "error", gettext("whole error ({size} characters)")
+        else:
+            field, text = "output", gettext("whole output ({size} characters)")
         return format_html(
-            '<code class="dj-json">{} …</code> <a href="{}">whole {} ({} characters)</a>',
+            '<code class="dj-json">{} …</code> <a href="{}">{}</a>',
             preview,
             self.payload_url(run_id, field, step["pk"]),
-            field,
-            f"{size:,}",
+            text.format(size=display.number(size)),
         )
 
     def _step_pages(
@@ -130,15 +148,21 @@ class StepTimelineMixin:
             return ""
         url = reverse(f"{self.admin_site.name}:django_jobs_jobrun_change", args=[run_id])
         links = [
-            format_html('<a href="{}?steps={}">{} steps</a>', url, number, label)
-            for number, label in ((page - 1, "earlier"), (page + 1, "later"))
+            format_html('<a href="{}?steps={}">{}</a>', url, number, label)
+            for number, label in (
+                (page - 1, gettext("earlier steps")),
+                (page + 1, gettext("later steps")),
+            )
             if 1 <= number <= pages
         ]
+        shown = gettext("steps {first} to {last} of {total}").format(
+            first=display.number(start + 1),
+            last=display.number(start + count),
+            total=display.number(total),
+        )
         return format_html(
-            '<p class="dj-step-pages">steps {} to {} of {} {}</p>',
-            f"{start + 1:,}",
-            f"{start + count:,}",
-            f"{total:,}",
+            '<p class="dj-step-pages">{} {}</p>',
+            shown,
             format_html_join(" ", "{}", ((link,) for link in links)),
         )
 

@@ -11,14 +11,26 @@ from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.html import format_html_join
 from django.utils.safestring import SafeString
+from django.utils.translation import gettext_lazy as _
 
 from .. import conf
 from ..models import JobRun, Status, Worker, WorkerStatus
 from . import display
 from .display import EMPTY
+from .labels import FieldLabels
 
 
-class WorkerAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class WorkerAdmin(FieldLabels, admin.ModelAdmin):  # type: ignore[type-arg]
+    field_labels = {
+        "id": _("id"),
+        "hostname": _("host name"),
+        "pid": _("process id"),
+        "status": _("status"),
+        "concurrency": _("concurrency"),
+        "started_at": _("started at"),
+        "heartbeat_at": _("heartbeat at"),
+        "stopped_at": _("stopped at"),
+    }
     list_display = [
         "__str__",
         "status",
@@ -71,21 +83,21 @@ class WorkerAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
-    @admin.display(description="pools")
+    @admin.display(description=_("pools"))
     def pool_list(self, worker: Worker) -> str:
         return ", ".join(worker.pools or [])
 
-    @admin.display(description="running", ordering="running_count")
+    @admin.display(description=_("running"), ordering="running_count")
     def running(self, worker: Worker) -> int:
         return int(getattr(worker, "running_count", 0))
 
-    @admin.display(description="heartbeat age")
+    @admin.display(description=_("heartbeat age"))
     def heartbeat_age(self, worker: Worker) -> str:
         if worker.status in (WorkerStatus.STOPPED, WorkerStatus.LOST):
             return EMPTY
         return display.duration(worker.heartbeat_at, timezone.now())
 
-    @admin.display(description="running runs")
+    @admin.display(description=_("running runs"))
     def running_runs(self, worker: Worker) -> SafeString | str:
         runs = list(
             JobRun.objects.using(conf.get().DATABASE)

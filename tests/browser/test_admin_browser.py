@@ -208,7 +208,7 @@ def test_operator_filters_failed_runs_and_retries_one(
         page.click("a.dj-op-retry")
         expect(page.locator("h1")).to_contain_text("Retry")
         page.click("input.dj-confirm")
-        expect(page.locator(".messagelist")).to_contain_text("1 run(s) changed")
+        expect(page.locator(".messagelist")).to_contain_text("1 run changed")
         page.screenshot(path=str(screenshots / "admin-retried.png"), full_page=True)
         browser.close()
 

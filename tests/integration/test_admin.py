@@ -178,7 +178,7 @@ def test_bulk_retry_asks_then_retries_and_logs(operator: Client) -> None:
     assert status(failed) == Status.PENDING
     assert status(done) == Status.COMPLETED
     assert not JobStep.objects.filter(run=failed).exists()
-    assert "1 run(s) changed, 1 skipped" in response.content.decode()
+    assert "Retry: 1 run changed, 1 skipped." in response.content.decode()
     entry = LogEntry.objects.get(object_id=str(failed.pk))
     assert "Retry (reset_steps)" in entry.get_change_message()
 
