@@ -72,6 +72,8 @@ def test_the_distributions_hold_the_package_and_the_license(dists: dict[str, Pat
     assert "django_jobs/py.typed" in names
     assert any(n.startswith("django_jobs/migrations/0001_") for n in names)
     assert any(n.startswith("django_jobs/templates/admin/") for n in names)
+    # The admin's French catalog, compiled: Django reads the .mo, not the .po.
+    assert "django_jobs/locale/fr/LC_MESSAGES/django.mo" in names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert not any(n.startswith(("tests/", "example_project/", "bench/")) for n in names)
     metadata = zipfile.ZipFile(dists["wheel"]).read(
@@ -84,6 +86,8 @@ def test_the_distributions_hold_the_package_and_the_license(dists: dict[str, Pat
     with tarfile.open(dists["sdist"]) as sdist_file:
         sdist = sdist_file.getnames()
     assert any(n.endswith("/LICENSE") for n in sdist)
+    assert any(n.endswith("/django_jobs/locale/fr/LC_MESSAGES/django.po") for n in sdist)
+    assert any(n.endswith("/django_jobs/locale/fr/LC_MESSAGES/django.mo") for n in sdist)
     assert dists["wheel"].name.startswith(f"{DIST}-")
 
 
