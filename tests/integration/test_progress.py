@@ -36,6 +36,7 @@ def held(run: JobRun) -> JobContext:
         "run_at": run.run_at,
         "concurrency_key": None,
         "cancel_requested_at": None,
+        "trace_context": None,
     }
     assert run.lease_token is not None
     return JobContext(Attempt.of(Claim.from_row(row, run.lease_token)))
