@@ -1,5 +1,6 @@
 """What every system's driver shares: databases, worker processes, the drain poller,
-the latency probe, RSS, the foreign-load monitor and the io case's connection count.
+the latency probe, RSS, the foreign-load monitor, the io case's connection count and
+the ratelimit case's figures.
 
 A driver (``<system>_bench.py``) measures one case of one system in a fresh scratch
 database and writes one JSON record; ``bench/run.py`` runs the drivers round by round.
@@ -10,6 +11,7 @@ reached through ``servers``, whose names are re-exported here.
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import json
 import math
@@ -37,6 +39,7 @@ from servers import (  # noqa: F401  (the drivers' names for them)
     server_process,
     server_version,
     span_seconds,
+    start_times,
     url,
 )
 
@@ -90,6 +93,20 @@ class Workers:
                 raise RuntimeError(
                     f"worker {proc.pid} exited with {proc.returncode} ({where}); see {log}"
                 )
+
+    def wait(self, timeout: float) -> None:
+        """Wait for every worker to exit by itself (``--burst``); raise if one exits
+        with an error or is still running after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        for proc, log in zip(self.procs, self.logs, strict=True):
+            try:
+                code = proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise TimeoutError(
+                    f"worker {proc.pid} still running after {timeout:.0f} s"
+                ) from None
+            if code != 0:
+                raise RuntimeError(f"worker {proc.pid} exited with {code}; see {log}")
 
     def stop(self, timeout: float = 15.0) -> None:
         stop_groups([p.pid for p in self.procs], timeout)
@@ -466,6 +483,44 @@ def _server_ports(pids: Sequence[int], server_port: int) -> set[int]:
     return ports
 
 
+# --- the ratelimit case ---------------------------------------------------------
+
+
+def most_in_any_second(starts: Sequence[float]) -> int:
+    """The most of ``starts`` (seconds, in order) in any half-open second [t, t + 1):
+    the busiest such second begins at a start. Counted in whole microseconds (the
+    timestamps' resolution), so that float rounding moves no start across a bound."""
+    us = [round(t * 1_000_000) for t in starts]
+    return max((bisect.bisect_left(us, u + 1_000_000) - i for i, u in enumerate(us)), default=0)
+
+
+def ratelimit_figures(n: int, rate: int, starts: Sequence[float]) -> dict[str, Any]:
+    """The ratelimit case's figures from its runs' starts (seconds after the first, in
+    order) under a limit of ``rate`` a second: the span from the first start to the
+    last, the ideal (n - rate) / rate (the first ``rate`` at once, then ``rate`` a
+    second), span / ideal, the most starts in any second (the limit: at most
+    ``rate``; ``limit_violation`` says when it was not held) and the starts in each
+    second [k, k + 1) after the first."""
+    span = starts[-1] if starts else None
+    ideal = (n - rate) / rate
+    most = most_in_any_second(starts)
+    by_second = [0] * (math.floor(span or 0) + 1)
+    for instant in starts:
+        by_second[math.floor(instant)] += 1
+    figures: dict[str, Any] = {
+        "rate": rate,
+        "started": len(starts),
+        "span_s": round(span, 3) if span is not None else None,
+        "ideal_s": round(ideal, 3),
+        "span_over_ideal": round(span / ideal, 3) if span is not None and ideal > 0 else None,
+        "most_in_a_second": most,
+        "starts_by_second": by_second,
+    }
+    if most > rate:
+        figures["limit_violation"] = f"{most} starts in one second, over the limit of {rate}/s"
+    return figures
+
+
 # --- the driver's command line ----------------------------------------------------
 
 
@@ -480,6 +535,8 @@ def driver_main(measure: Callable[[argparse.Namespace], dict[str, Any]]) -> None
     parser.add_argument("--rss-runs", type=int, default=100_000)
     parser.add_argument("--worker-verbosity", type=int, default=None)
     parser.add_argument("--io-concurrency", type=int, default=500)
+    parser.add_argument("--ratelimit-rate", type=int, default=20)
+    parser.add_argument("--ratelimit-workers", type=int, default=3)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     record: dict[str, Any] = {"case": args.case, "n": args.n}

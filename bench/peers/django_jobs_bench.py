@@ -3,12 +3,14 @@
 Cases: drain1 (bulk enqueue, drain by 1 worker, then idle latency), drain2 (2 workers),
 steps (3-step runs, 1 worker), history (drain1 with completed runs of history in the
 table), rss (worker RSS after warm-up and after --rss-runs runs), io (N runs of the
-async handler ``bench.io``, each awaiting 0.1 s, by one worker). Workers are
+async handler ``bench.io``, each awaiting 0.1 s, by one worker), ratelimit (N runs of
+the no-op ``bench.limited`` under ``rate_limit="R/s"``, by W workers). Workers are
 ``manage.py runjobworker --pool default --concurrency C``, or without ``--concurrency``
 when C is ``default``; io's is ``manage.py runjobworker --pool default
 --async-concurrency C`` (its threads' --concurrency left at runjobworker's default:
-the case has no sync runs). On MariaDB: drain1, drain2 and steps (history and rss are
-written for PostgreSQL; io counts the worker's sessions in pg_stat_activity).
+the case has no sync runs); ratelimit's ``--concurrency 4 --burst``. On MariaDB:
+drain1, drain2, steps and ratelimit (history and rss are written for PostgreSQL; io
+counts the worker's sessions in pg_stat_activity).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ TERMINAL = "('completed', 'failed', 'timed_out', 'canceled')"
 # generate_series, VACUUM and CHECKPOINT (history); not yet measured elsewhere (rss);
 # the connections counted in pg_stat_activity (io).
 POSTGRESQL_ONLY = ("history", "rss", "io")
+# The ratelimit case's threads per worker (as in tests/process/test_rate_limits_process.py).
+RATELIMIT_THREADS = 4
 
 os.environ["BENCH_DATABASE_URL"] = common.url(DB)
 os.environ["BENCH_LAT_FILE"] = LAT_FILE
@@ -42,6 +46,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         # bench.io is registered only where this is set: here and in the worker, which
         # inherits it (see bench/project/benchapp/jobs.py).
         os.environ["BENCH_IO"] = "1"
+    if args.case == "ratelimit":
+        # bench.limited likewise: its limit is in force only in this case's processes.
+        os.environ["BENCH_RATE_LIMIT"] = f"{args.ratelimit_rate}/s"
     common.recreate_db(DB)
     common.fresh_file(LAT_FILE)
     import django
@@ -57,6 +64,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     if case == "rss":
         record.update(measure_rss(args))
         return record
+    if case == "ratelimit":
+        record.update(measure_ratelimit(args))
+        return record
     job = {"steps": "bench.steps", "io": "bench.io"}.get(case, "bench.noop")
     io = case == "io"
     if io:
@@ -65,7 +75,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     record.update(enqueue(job, args.n))
     common.analyze(DB, "django_jobs_jobrun")
     done_sql = f"SELECT count(*) FROM django_jobs_jobrun WHERE id > {base} AND status IN {TERMINAL}"
-    cmd = io_worker_cmd(args) if io else worker_cmd(args)
+    cmd = worker_cmd(args, ["--async-concurrency", str(args.io_concurrency)] if io else None)
     with common.Workers(f"django_jobs_{case}", [cmd] * record["workers"], PROJECT, {}) as workers:
         pgids = [p.pid for p in workers.procs]
         poll = common.IO_POLL if io else common.POLL
@@ -88,19 +98,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return record
 
 
-def worker_cmd(args: argparse.Namespace) -> list[str]:
-    cmd = [sys.executable, "manage.py", "runjobworker", "--pool", "default"]
-    if args.concurrency != "default":
-        cmd += ["--concurrency", args.concurrency]
-    if args.worker_verbosity is not None:
-        cmd += ["-v", str(args.worker_verbosity)]
-    return cmd
-
-
-def io_worker_cmd(args: argparse.Namespace) -> list[str]:
-    """The io case's worker: async runs on its event loop, --io-concurrency at once."""
-    cmd = [sys.executable, "manage.py", "runjobworker", "--pool", "default"]
-    cmd += ["--async-concurrency", str(args.io_concurrency)]
+def worker_cmd(args: argparse.Namespace, flags: list[str] | None = None) -> list[str]:
+    """``manage.py runjobworker --pool default`` with ``flags``: by default
+    ``--concurrency C`` (none when C is ``default``); the io case's
+    ``--async-concurrency C``; the ratelimit case's ``--concurrency 4 --burst``."""
+    if flags is None:
+        flags = [] if args.concurrency == "default" else ["--concurrency", args.concurrency]
+    cmd = [sys.executable, "manage.py", "runjobworker", "--pool", "default", *flags]
     if args.worker_verbosity is not None:
         cmd += ["-v", str(args.worker_verbosity)]
     return cmd
@@ -208,6 +212,46 @@ def measure_rss(args: argparse.Namespace) -> dict[str, Any]:
         rss_after_mb=round(after["rss_kb"] / 1024, 1),
         hwm_after_mb=round(after["hwm_kb"] / 1024, 1),
         rss_growth_mb=round((after["rss_kb"] - before["rss_kb"]) / 1024, 1),
+    )
+    return record
+
+
+def measure_ratelimit(args: argparse.Namespace) -> dict[str, Any]:
+    """N runs of ``bench.limited`` (``rate_limit="R/s"``), enqueued at once, drained by
+    W workers of RATELIMIT_THREADS threads with ``--burst``: how near the limit's pace
+    they started (``started_at``), whether any second held more than R starts, and the
+    time from starting the workers until the last one exited."""
+    from django.db.models import Min
+
+    from django_jobs.models import JobRun
+
+    rate, workers_n = args.ratelimit_rate, args.ratelimit_workers
+    flags = ["--concurrency", str(RATELIMIT_THREADS), "--burst"]
+    record: dict[str, Any] = {
+        "workers": workers_n,
+        "config": f'rate_limit="{rate}/s"; {workers_n} workers, {" ".join(flags)}',
+    }
+    base = last_id()
+    record.update(enqueue("bench.limited", args.n))
+    common.analyze(DB, "django_jobs_jobrun")
+    began, launched = time.monotonic(), time.time()
+    cmds = [worker_cmd(args, flags)] * workers_n
+    with common.Workers("django_jobs_ratelimit", cmds, PROJECT, {}) as workers:
+        with common.LoadMonitor() as load:
+            workers.wait(timeout=max(300.0, 3 * args.n / rate))
+        record["wall_s"] = round(time.monotonic() - began, 3)
+    record.update(load.result)
+    record.update(db_rate(base, args.n))  # checks that every run completed
+    starts = common.start_times(DB, "django_jobs_jobrun", f"id > {base}")
+    record.update(common.ratelimit_figures(args.n, rate, starts))
+    runs = JobRun.objects.filter(pk__gt=base)
+    # From starting the workers to the first start (their start-up and first claim).
+    first = runs.aggregate(first=Min("started_at"))["first"]
+    record["first_start_s"] = round(first.timestamp() - launched, 3)
+    # A claim gives every run it admits the same started_at.
+    record["claims"] = runs.values("started_at").distinct().count()
+    record["workers_started_runs"] = len(
+        {ids[0] for ids in runs.values_list("worker_ids", flat=True) if ids}
     )
     return record
 

@@ -157,6 +157,19 @@ def span_seconds(db: str, table: str, where: str) -> float | None:
     return span.total_seconds()
 
 
+def start_times(db: str, table: str, where: str) -> list[float]:
+    """The ``started_at`` of ``table``'s rows matching ``where``, in seconds after the
+    first of them, in order (rows not started left out)."""
+    with connect(db) as conn:
+        cur = conn.cursor()
+        cur.execute(
+            f"SELECT started_at FROM {table} WHERE {where} AND started_at IS NOT NULL"
+            " ORDER BY started_at"
+        )
+        instants = [row[0] for row in cur.fetchall()]
+    return [(instant - instants[0]).total_seconds() for instant in instants]
+
+
 def server_version() -> str:
     return str(scalar(None, "SHOW server_version" if POSTGRESQL else "SELECT VERSION()"))
 

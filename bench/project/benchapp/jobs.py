@@ -1,5 +1,5 @@
-"""The benchmark's handlers: a no-op, a three-step run, a latency probe, and the io
-case's async run (0.1 s of simulated I/O)."""
+"""The benchmark's handlers: a no-op, a three-step run, a latency probe, the io
+case's async run (0.1 s of simulated I/O) and the ratelimit case's rate-limited no-op."""
 
 from __future__ import annotations
 
@@ -42,3 +42,13 @@ if os.environ.get("BENCH_IO") == "1":
     @job("bench.io")
     async def io(ctx: JobContext) -> None:
         await asyncio.sleep(0.1)  # bench/peers/common.py: IO_SECONDS
+
+
+# The ratelimit case's no-op under a rate limit of BENCH_RATE_LIMIT ("20/s"), registered
+# only in that case's processes (set by bench/peers/django_jobs_bench.py, as BENCH_IO
+# is), so that the other cases' workers claim with no limit in force.
+if os.environ.get("BENCH_RATE_LIMIT"):
+
+    @job("bench.limited", rate_limit=os.environ["BENCH_RATE_LIMIT"])
+    def limited(ctx: JobContext) -> None:
+        return None
