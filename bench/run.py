@@ -7,6 +7,7 @@
     python3 bench/run.py --concurrency default   # runjobworker without --concurrency
     python3 bench/run.py --database mariadb      # django_jobs and django-tasks-db on MariaDB
     python3 bench/run.py --only django_jobs:io,pgqueuer:io,procrastinate:io   # I/O-bound
+    python3 bench/run.py --only django_jobs:ratelimit   # a job under rate_limit="20/s"
 
 Each system (django_jobs, PgQueuer, Procrastinate, django-tasks-db) gets its own
 virtual environment under bench/.venvs/ (created on first use; --reinstall rebuilds)
@@ -79,6 +80,8 @@ PLAN = [
     ("pgqueuer", "io"),
     ("django_jobs", "io"),
     ("procrastinate", "io"),
+    # A no-op under a rate limit (bound by the limit, not by the machine).
+    ("django_jobs", "ratelimit"),
 ]
 # The round on MariaDB: the cases that run there. PgQueuer and Procrastinate are
 # PostgreSQL queues; django_jobs' history, rss and io cases are written for PostgreSQL.
@@ -88,9 +91,10 @@ MARIADB_PLAN = [
     ("django_tasks_db", "drain2"),
     ("django_jobs", "drain2"),
     ("django_jobs", "steps"),
+    ("django_jobs", "ratelimit"),
 ]
 CASES = {
-    "django_jobs": ["drain1", "drain2", "steps", "history", "rss", "io"],
+    "django_jobs": ["drain1", "drain2", "steps", "history", "rss", "io", "ratelimit"],
     "pgqueuer": ["drain1", "drain2", "io"],
     "procrastinate": ["drain1", "drain2", "io"],
     "django_tasks_db": ["drain1", "drain2"],
@@ -99,6 +103,10 @@ CASE_TIMEOUT = 1800  # seconds; a driver still running then is stopped
 # The io case's runs unless --n is given: the issue's figure (at --io-concurrency 500
 # ten waves of 0.1 s); --quick: 1,000, as Procrastinate takes ~20 s over 5,000.
 IO_N, IO_N_QUICK = 5000, 1000
+# The ratelimit case's runs (--ratelimit-runs; not --n: at 20/s every 1,000 runs take
+# 50 s): 600 at 20 a second, ~30 s, as tests/process/test_rate_limits_process.py;
+# --quick: 200, ~10 s.
+RATELIMIT_N, RATELIMIT_N_QUICK = 600, 200
 
 
 def main() -> None:
@@ -131,12 +139,20 @@ def main() -> None:
                 record = run_case(system, case, rnd, args)
                 append(raw_path, record)
                 print(f"  {LABELS[system]:<16} {case:<8} {brief(record)}", flush=True)
+                if "limit_violation" in record:
+                    print(f"  !!! RATE LIMIT VIOLATED: {record['limit_violation']}", flush=True)
     finally:
         dropped = drop_scratch_dbs(systems[0], args.database)
         if dropped:
             print(f"dropped scratch databases: {dropped}")
     print(f"total {elapsed(started)}")
-    print(write_summary(load_records(raw_path), raw_path, quick=args.quick))
+    records = load_records(raw_path)
+    print(write_summary(records, raw_path, quick=args.quick))
+    violations = [
+        f"round {r['round']}: {r['limit_violation']}" for r in records if "limit_violation" in r
+    ]
+    if violations:
+        sys.exit("RATE LIMIT VIOLATED (the ratelimit case): " + "; ".join(violations))
 
 
 def build_plan(only: str | None, database: str = "postgresql") -> list[tuple[str, str]]:
@@ -198,6 +214,24 @@ def parse_args() -> argparse.Namespace:
         help="the io case's runs at once: runjobworker --async-concurrency, PgQueuer's "
         "max_concurrent_tasks, procrastinate worker --concurrency (default 500)",
     )
+    p.add_argument(
+        "--ratelimit-runs",
+        type=int,
+        default=None,
+        help=f"the ratelimit case's runs (default {RATELIMIT_N}; --quick: {RATELIMIT_N_QUICK})",
+    )
+    p.add_argument(
+        "--ratelimit-rate",
+        type=int,
+        default=20,
+        help='the ratelimit case\'s limit R: rate_limit="R/s" (default 20)',
+    )
+    p.add_argument(
+        "--ratelimit-workers",
+        type=int,
+        default=3,
+        help="the ratelimit case's worker processes, of 4 threads each (default 3)",
+    )
     p.add_argument("--lat-samples", type=int, default=None, help="latency samples (25; 10)")
     p.add_argument("--history", type=int, default=None, help="completed rows (1M; 100k)")
     p.add_argument("--rss-runs", type=int, default=None, help="runs for the RSS case (100k; 10k)")
@@ -223,8 +257,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--setup-only", action="store_true", help="only create the venvs")
     p.add_argument("--summarize", metavar="JSONL", help="only rebuild the summary of a raw file")
     args = p.parse_args()
-    if args.io_concurrency < 1:
-        p.error("--io-concurrency must be a positive integer")
+    for name in ("io_concurrency", "ratelimit_rate", "ratelimit_workers"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be a positive integer")
     quick = args.quick
     args.io_n = args.n if args.n is not None else (IO_N_QUICK if quick else IO_N)
     defaults = {
@@ -233,6 +268,7 @@ def parse_args() -> argparse.Namespace:
         "lat_samples": (25, 10),
         "history": (1_000_000, 100_000),
         "rss_runs": (100_000, 10_000),
+        "ratelimit_runs": (RATELIMIT_N, RATELIMIT_N_QUICK),
     }
     for name, (full, small) in defaults.items():
         if getattr(args, name) is None:
@@ -332,7 +368,7 @@ def run_case(system: str, case: str, rnd: int, args: argparse.Namespace) -> dict
         "--case",
         case,
         "--n",
-        str(args.io_n if case == "io" else args.n),
+        str({"io": args.io_n, "ratelimit": args.ratelimit_runs}.get(case, args.n)),
         "--concurrency",
         str(args.concurrency),
         "--lat-samples",
@@ -343,6 +379,10 @@ def run_case(system: str, case: str, rnd: int, args: argparse.Namespace) -> dict
         str(args.rss_runs),
         "--io-concurrency",
         str(args.io_concurrency),
+        "--ratelimit-rate",
+        str(args.ratelimit_rate),
+        "--ratelimit-workers",
+        str(args.ratelimit_workers),
         "--out",
         out,
     ]
@@ -495,6 +535,9 @@ def machine_info(systems: Sequence[str], args: argparse.Namespace) -> dict[str, 
                 "rss_runs",
                 "io_n",
                 "io_concurrency",
+                "ratelimit_runs",
+                "ratelimit_rate",
+                "ratelimit_workers",
             )
         }
         | {"worker_verbosity": args.worker_verbosity, "quick": args.quick},
@@ -523,6 +566,8 @@ def brief(record: dict[str, Any]) -> str:
         ("rss_growth_mb", "RSS +MB"),
         ("span_s", "span s"),
         ("span_over_ideal", "span/ideal"),
+        ("most_in_a_second", "most in a second"),
+        ("wall_s", "wall s"),
         ("max_connections", "max conns"),
         ("foreign_cores", "foreign cores"),
     ]

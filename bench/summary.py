@@ -174,6 +174,7 @@ def summarize(records: list[dict[str, Any]], raw_name: str) -> str:
         *("| " + " | ".join(row) + " |" for row in targets),
         "",
         *io_section(rec),
+        *ratelimit_section(rec),
         *every_system(rec),
     ]
     lines += [
@@ -282,6 +283,57 @@ def io_section(rec: Records) -> list[str]:
         ]
         lines.append(f"| {rnd} | {' | '.join(cells)} | {fmt(pair.get(rnd), '.2f', TIMES)} |")
     return [*lines, ""]
+
+
+# The ratelimit case's columns: (key, format, unit), then whether the limit held.
+RATELIMIT_COLUMNS = [
+    ("span_s", ".2f", ""),
+    ("ideal_s", ".1f", ""),
+    ("span_over_ideal", ".2f", TIMES),
+    ("most_in_a_second", "g", ""),
+    ("first_start_s", ".1f", ""),
+    ("wall_s", ".1f", ""),
+    ("claims", ",.0f", ""),
+    ("foreign_cores", ".2f", ""),
+]
+
+
+def ratelimit_section(rec: Records) -> list[str]:
+    """The ratelimit case (django_jobs): round by round, whether the limit held, medians."""
+    runs = sorted((r for r in rec.ok if r["case"] == "ratelimit"), key=lambda r: r["round"])
+    if not runs:
+        return []
+
+    def each(key: str) -> str:
+        return " / ".join(f"{x:,}" for x in sorted({r[key] for r in runs if key in r}))
+
+    lines = [
+        f"## Rate limit (ratelimit): {each('n')} runs of a no-op under"
+        f' `rate_limit="{each("rate")}/s"`, {each("workers")} worker processes of 4 threads'
+        " (`--burst`)",
+        "",
+        "Span: first start to last start (`started_at`); ideal: (N \N{MINUS SIGN} R) / R,"
+        " the first R at once, then R a second; most in a second: the most starts in any"
+        " half-open second [t, t + 1), which the limit must hold to R; first start and wall:"
+        " from starting the workers until the first start, and until the last worker"
+        " exited; claims: the claims that started runs (one"
+        " `started_at` each).",
+        "",
+        "| round | span s | ideal s | span / ideal | most in a second | first start s | wall s"
+        " | claims | foreign load, cores | limit held |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in runs:
+        held = f"**NO: {r['limit_violation']}**" if "limit_violation" in r else "yes"
+        cells = [fmt(r.get(key), spec, unit) for key, spec, unit in RATELIMIT_COLUMNS]
+        lines.append(f"| {r['round']} | {' | '.join(cells)} | {held} |")
+    broken = [str(r["round"]) for r in runs if "limit_violation" in r]
+    cells = [
+        mmm(rec.values("django_jobs", "ratelimit", key), spec, unit)
+        for key, spec, unit in RATELIMIT_COLUMNS
+    ]
+    held = f"**NO, round {', '.join(broken)}**" if broken else "yes"
+    return [*lines, f"| median (min{DASH}max) | {' | '.join(cells)} | {held} |", ""]
 
 
 def every_system(rec: Records) -> list[str]:
@@ -395,6 +447,7 @@ def summarize_mariadb(records: list[dict[str, Any]], raw_name: str) -> str:
         "|---|---|---|---|---|---|",
         *("| " + " | ".join(row) + " |" for row in rows),
         "",
+        *ratelimit_section(rec),
         *every_system(rec),
         "",
         "django_jobs, more: "
