@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """django_jobs beside its peers, on this machine, in one run, interleaved by round.
 
-    python3 bench/run.py                  # 3 rounds, 20,000 runs per drain (~19 min)
-    python3 bench/run.py --quick          # smoke run: 1 round, small N (~90 s)
+    python3 bench/run.py                  # 3 rounds, 20,000 runs per drain (~21 min)
+    python3 bench/run.py --quick          # smoke run: 1 round, small N (~105 s)
     python3 bench/run.py --rounds 5 --n 20000 --concurrency 16
     python3 bench/run.py --concurrency default   # runjobworker without --concurrency
     python3 bench/run.py --database mariadb      # django_jobs and django-tasks-db on MariaDB
