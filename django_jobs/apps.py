@@ -13,11 +13,13 @@ class DjangoJobsConfig(AppConfig):
     def ready(self) -> None:
         from . import checks  # noqa: F401 - registers the system checks
         from .registry import add_resolver, autodiscover
+        from .schedules import add_target_lookup
 
         autodiscover()
         try:
-            from .tasks_backend import resolve_task
+            from .tasks_backend import resolve_task, schedule_target
         except ImproperlyConfigured:
             pass  # no tasks framework installed: django.tasks runs are not served
         else:
             add_resolver(resolve_task)
+            add_target_lookup(schedule_target)

@@ -118,7 +118,8 @@ SCHEDULE_HINTS = {
     "such as '@daily'.",
     "E011": "Use an IANA name such as 'Europe/Paris' or 'UTC' (zoneinfo; on Windows, "
     "install tzdata).",
-    "E012": "Name a job type registered with @job in the jobs.py of an installed app.",
+    "E012": "Name a job type registered with @job in the jobs.py of an installed app, or "
+    "the module path of a django.tasks @task (TASKS must use JobsBackend).",
     "E013": "Rename the settings schedule: a @job's schedule is named after its job type.",
 }
 
@@ -129,11 +130,13 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage
     if not isinstance(conf.merged()["SCHEDULES"], dict):
         return []  # check_settings reports it; the schedules cannot be read
     from .registry import all_handlers
-    from .schedules import settings_problems
+    from .schedules import other_target, settings_problems
 
+    # Settings are code: a task they name may be imported to be found.
+    found = settings_problems(all_handlers(), lambda name: other_target(name, importing=True))
     return [
         Error(message + ".", hint=SCHEDULE_HINTS[code], id=f"django_jobs.{code}")
-        for code, message in settings_problems(all_handlers())
+        for code, message in found
     ]
 
 

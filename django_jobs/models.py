@@ -417,15 +417,25 @@ class JobStep(models.Model):
         return f"{self.step_id} of run {self.run_id}"
 
 
+class ScheduleSource(models.TextChoices):
+    CODE = "code", _("code")  # @job(schedule=...) or DJANGO_JOBS["SCHEDULES"]
+    RUNTIME = "runtime", _("run time")  # add_schedule() or the admin
+
+
 class JobSchedule(models.Model):
     """The state of one periodic schedule: the latest tick handled, shared by every worker.
 
-    Written only by ``django_jobs.scheduler``; the schedule itself is declared in
-    code (``@job(schedule=...)``) or settings. ``cron``, ``timezone`` and ``missed``
-    repeat the declaration as last seen by a worker, for the admin.
+    A schedule declared in code (``@job(schedule=...)`` or settings) has a row
+    written by ``django_jobs.scheduler``, whose ``cron``, ``timezone`` and
+    ``missed`` repeat the declaration as last seen by a worker, for the admin. A
+    run-time schedule (``source="runtime"``, made by ``add_schedule()`` or the
+    admin) is its row: the definition, its ``input`` included, lives here.
     """
 
     name = models.CharField(max_length=200, primary_key=True)
+    source = models.CharField(
+        max_length=16, choices=ScheduleSource.choices, db_default=ScheduleSource.CODE
+    )
     job_type = models.CharField(max_length=200)
     cron = models.TextField()
     timezone = models.CharField(max_length=100)
@@ -438,11 +448,28 @@ class JobSchedule(models.Model):
     next_tick = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
+    # The input of a run-time schedule's runs; a code schedule's is in the code.
+    input = models.JSONField(null=True, blank=True, encoder=DjangoJSONEncoder)
+    # While set, no run starts and last_tick stays: on resume, the ticks missed
+    # meanwhile follow the missed policy.
+    paused_at = models.DateTimeField(null=True, blank=True)
+    # Raised by every operator change (edit, pause, resume): a worker takes a
+    # tick only under the revision it read, and sees changes by it.
+    revision = models.IntegerField(db_default=0)
 
     class Meta:
         verbose_name = _("job schedule")
         verbose_name_plural = _("job schedules")
         ordering = ["name"]
+        permissions = [("pause_jobschedule", "Can pause and resume schedules")]
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def paused(self) -> bool:
+        return self.paused_at is not None
+
+    @property
+    def runtime(self) -> bool:
+        return self.source == ScheduleSource.RUNTIME

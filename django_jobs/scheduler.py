@@ -1,22 +1,41 @@
 """The scheduler: one run per tick of every schedule, with every worker scheduling at once.
 
 There is no leader. Each worker keeps the next tick of each of its schedules in
-memory and touches the database only at start and when a tick is due. This
-module holds every statement that writes ``JobSchedule`` rows; the locking:
+memory, and touches the database at start, when a tick is due, and every
+``RELOAD_INTERVAL`` seconds to see which schedules were added, changed, paused,
+resumed or deleted (one narrow query: every row's name, source and revision).
+This module holds the statements the workers write ``JobSchedule`` rows with;
+the operators' (``schedule_api.py``) are each one short statement, and their
+locking is told here too:
 
-* A schedule's row is made by the first worker to see it (``INSERT ... ON
+* A code schedule's row is made by the first worker to see it (``INSERT ... ON
   CONFLICT DO NOTHING``), with ``last_tick`` NULL: ticks before ``created_at``
-  are never run.
+  are never run. A run-time schedule's row is made by ``add_schedule()``, with
+  the same rule. A code schedule whose name a run-time row holds is not
+  scheduled (an error is logged): nothing overwrites an operator's schedule.
 * A worker takes due ticks with one conditional ``UPDATE ... SET last_tick = <new>
-  WHERE name = %s AND last_tick = <the value it read>`` in the transaction that
-  also inserts their runs. Two workers racing: the second UPDATE waits for the
-  first's row lock; once the first commits, PostgreSQL re-checks the WHERE on
-  the new row version (READ COMMITTED) and updates nothing, so the second
-  starts nothing. If the first rolls back, the second proceeds. Nothing else
-  locks the row, and the transaction holds the lock only while it inserts the runs.
+  WHERE name = %s AND last_tick = <the value it read> AND revision = <the
+  revision it read>`` in the transaction that also inserts their runs. Two
+  workers racing: the second UPDATE waits for the first's row lock; once the
+  first commits, PostgreSQL re-checks the WHERE on the new row version (READ
+  COMMITTED; InnoDB's UPDATE reads the latest version too) and updates nothing,
+  so the second starts nothing. If the first rolls back, the second proceeds.
+  The transaction holds the lock only while it inserts the runs.
+* Every operator change (an edit, a pause, a resume) is one UPDATE that raises
+  ``revision``. A worker that read the row before it matches nothing, so a tick
+  is never started under a definition that was changed or paused meanwhile;
+  and a worker reads a run-time schedule's definition from the row it takes
+  the ticks of, never from its memory, which may be ``RELOAD_INTERVAL`` old.
 * A changed cron expression or time zone moves ``last_tick`` forward to the
-  syncing worker's now, as ``GREATEST(last_tick, created_at, now)`` in one
-  UPDATE: never back past ticks another worker handled meanwhile.
+  changer's now, as ``GREATEST(COALESCE(last_tick, created_at), now)`` in the
+  same UPDATE (a worker's sync of a changed declaration, or ``change_schedule``):
+  the new expression's ticks before now were never due, and a tick another
+  worker handled meanwhile is not handled again.
+* A paused schedule starts nothing and nothing moves its ``last_tick``: once
+  resumed, the ticks missed meanwhile follow its missed policy (``plan()``).
+* A deleted row: the DELETE waits for a worker's transaction holding it; a
+  worker that finds no row starts nothing (a code schedule's row is made again,
+  as seen for the first time).
 * Each run carries the idempotency key ``schedule:<name>:<UTC instant>``,
   unique per job type (``django_jobs_run_idempotency``): even a row reset by
   hand cannot start a second run for an instant whose run is still stored.
@@ -26,22 +45,32 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import DatabaseError, connections, transaction
 from django.db.models import Value
-from django.db.models.functions import Greatest
+from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from . import conf
 from .api import start_handler
-from .models import JobRun, JobSchedule
-from .registry import all_handlers, get_handler
-from .schedules import Entry, entries, idempotency_key, plan
+from .exceptions import UnknownJobType
+from .models import JobRun, JobSchedule, ScheduleSource
+from .registry import JobHandler, all_handlers
+from .schedules import (
+    Entry,
+    Schedule,
+    Target,
+    entries,
+    idempotency_key,
+    other_target,
+    plan,
+    schedule_input,
+)
 from .storage.connections import discard_broken_connections
 from .storage.control import ControlConnection
 
@@ -49,18 +78,94 @@ logger = logging.getLogger(__name__)
 
 MAX_SLEEP = 60.0  # seconds; the clock is read again at least this often
 ERROR_RETRY = timedelta(seconds=30)  # a schedule whose firing failed is tried again after this
+# Seconds between two reads of which schedules changed: how long a worker may
+# take to see a schedule added, changed, paused, resumed or deleted.
+RELOAD_INTERVAL = 5.0
+RELOAD_BATCH = 500  # rows read at once when many changed
+# What fire() reads of a row: its state, and a run-time schedule's definition.
+ROW = (
+    "name",
+    "source",
+    "revision",
+    "paused_at",
+    "last_tick",
+    "created_at",
+    "job_type",
+    "cron",
+    "timezone",
+    "missed",
+    "input",
+)
 
 
 @dataclass(frozen=True)
 class Fired:
-    """What one firing did: the runs it started and the schedule's next tick."""
+    """What one firing did: the runs it started and the schedule's next tick.
+
+    ``next_tick`` is None when the schedule is not to be fired (paused, deleted,
+    or its name now held by a schedule of the other source) until a reload.
+    """
 
     runs: list[JobRun]
-    next_tick: datetime
+    next_tick: datetime | None
 
 
 def _using() -> str:
     return conf.get().DATABASE
+
+
+def find_target(job_type: str, *, importing: bool = False) -> Target | None:
+    """What ``job_type`` names as a schedule's target: a ``@job``, or a task.
+
+    ``importing`` may import a task's module (for names written in settings); a
+    name read from a row is only looked up among the modules already imported.
+    """
+    handler = all_handlers().get(job_type)
+    if handler is not None:
+        return job_target(handler)
+    return other_target(job_type, importing=importing)
+
+
+def job_target(handler: JobHandler) -> Target:
+    """A ``@job`` as a schedule's target: its runs are triggered by the schedule."""
+
+    def start(input: Any, name: str, tick: datetime) -> JobRun:
+        return start_handler(
+            handler,
+            input,
+            trigger=("schedule", name),
+            run_at=tick,
+            idempotency_key=idempotency_key(name, tick),
+        )
+
+    return Target(
+        job_type=handler.job_type,
+        pool=handler.pool,
+        kind="job",
+        check_input=lambda value: schedule_input(value, what="input"),
+        start=start,
+    )
+
+
+def code_entries(pools: list[str] | None) -> list[Entry]:
+    """The schedules declared in code (of jobs in ``pools``, or all)."""
+    return entries(all_handlers(), pools, resolve=lambda name: other_target(name, importing=True))
+
+
+def runtime_entry(row: Mapping[str, Any]) -> Entry:
+    """The schedule a run-time row defines; ``ValueError`` (or ``UnknownJobType``)
+    when its row holds what no schedule can be, or a target this process does not know."""
+    schedule = Schedule(
+        row["cron"], timezone=row["timezone"] or None, missed=row["missed"], input=row["input"]
+    )
+    target = find_target(row["job_type"])
+    if target is None:
+        raise UnknownJobType(
+            f"schedule {row['name']!r} targets {str(row['job_type'])[:200]!r}, which this "
+            "process does not know (a @job type, or a task whose module is imported)"
+        )
+    schedule = replace(schedule, input=target.check_input(schedule.input))
+    return Entry(row["name"], target.job_type, target.pool, schedule, runtime=True)
 
 
 def _definition(entry: Entry) -> dict[str, str]:
@@ -73,14 +178,15 @@ def _definition(entry: Entry) -> dict[str, str]:
     }
 
 
-def sync(items: Sequence[Entry], now: datetime) -> dict[str, datetime]:
-    """Make the rows of schedules seen for the first time; return each schedule's next tick.
+def sync(items: Sequence[Entry], now: datetime) -> dict[str, datetime | None]:
+    """Make the rows of code schedules seen for the first time; return each one's next tick.
 
-    Each schedule is synced on its own: one that fails is logged and given a
-    retry time instead of a tick, and the others still run. A database error
-    ends the whole pass.
+    A paused schedule's next tick is None, as is one whose name a run-time
+    schedule holds. Each schedule is synced on its own: one that fails is logged
+    and given a retry time instead of a tick, and the others still run. A
+    database error ends the whole pass.
     """
-    due = {}
+    due: dict[str, datetime | None] = {}
     for entry in items:
         try:
             due[entry.name] = _sync(entry, now)
@@ -92,7 +198,7 @@ def sync(items: Sequence[Entry], now: datetime) -> dict[str, datetime]:
     return due
 
 
-def _sync(entry: Entry, now: datetime) -> datetime:
+def _sync(entry: Entry, now: datetime) -> datetime | None:
     table = JobSchedule.objects.using(_using())
     definition = _definition(entry)
     table.bulk_create(
@@ -107,37 +213,57 @@ def _sync(entry: Entry, now: datetime) -> datetime:
         ],
         ignore_conflicts=True,
     )
-    row = table.values("last_tick", "created_at", *definition).get(name=entry.name)
+    row = table.values("last_tick", "created_at", "source", "paused_at", *definition).get(
+        name=entry.name
+    )
+    if row["source"] == ScheduleSource.RUNTIME:
+        logger.error(
+            "schedule=%s is declared in code, but a run-time schedule has that name: the "
+            "code one is not scheduled; rename one of them",
+            entry.name,
+        )
+        return None
     after = row["last_tick"] or row["created_at"]
     if {key: row[key] for key in definition} == definition:
-        return entry.schedule.next_after(after)
+        return None if row["paused_at"] else entry.schedule.next_after(after)
     # The declaration changed since a worker last wrote it: show the new one.
     changes: dict[str, Any] = {}
     if (row["cron"], row["timezone"]) != (definition["cron"], definition["timezone"]):
         # The new expression's ticks before now were never due: counting them
         # as missed would start them all under catch_up. GREATEST, so a tick
-        # another worker has handled meanwhile is not handled again.
+        # another worker has handled meanwhile is not handled again (COALESCE:
+        # MySQL's GREATEST of a NULL is NULL).
         after = max(after, now)
-        changes["last_tick"] = Greatest("last_tick", "created_at", Value(now))
+        changes["last_tick"] = Greatest(Coalesce("last_tick", "created_at"), Value(now))
     due = entry.schedule.next_after(after)
     table.filter(name=entry.name).update(next_tick=due, updated_at=now, **changes, **definition)
-    return due
+    return None if row["paused_at"] else due
 
 
 def fire(entry: Entry, now: datetime) -> Fired:
     """Start the runs of ``entry``'s ticks due at ``now``, unless another worker did.
 
     One short transaction: read the row, take the ticks with the conditional
-    UPDATE, insert their runs (see the module docstring).
+    UPDATE, insert their runs (see the module docstring). A run-time schedule's
+    definition is the row's, read here.
     """
     using = _using()
-    handler = get_handler(entry.job_type)
-    schedule = entry.schedule
+    target = None if entry.runtime else _target(entry)
     table = JobSchedule.objects.using(using)
     with transaction.atomic(using=using):
-        row = table.filter(name=entry.name).values("last_tick", "created_at").first()
-        if row is None:  # deleted since this worker started: seen for the first time again
+        row = table.filter(name=entry.name).values(*ROW).first()
+        if row is None:
+            if entry.runtime:  # deleted: nothing more to start
+                return Fired([], None)
+            # Deleted since this worker started: seen for the first time again.
             return Fired([], sync([entry], now)[entry.name])
+        if not _firable(entry, row):
+            return Fired([], None)
+        if entry.runtime:
+            entry = runtime_entry(row)
+            target = _target(entry)
+        assert target is not None
+        schedule = entry.schedule
         previous = row["last_tick"]
         decided = plan(schedule, previous or row["created_at"], now)
         if decided.latest is None:
@@ -146,27 +272,19 @@ def fire(entry: Entry, now: datetime) -> Fired:
         next_tick = schedule.next_after(decided.latest)
         won = table.filter(
             name=entry.name,
+            revision=row["revision"],
             **({"last_tick__isnull": True} if previous is None else {"last_tick": previous}),
         ).update(
-            last_tick=decided.latest, next_tick=next_tick, updated_at=now, **_definition(entry)
+            last_tick=decided.latest,
+            next_tick=next_tick,
+            updated_at=now,
+            **({} if entry.runtime else _definition(entry)),
         )
         if not won:
-            # Another worker took these ticks and committed; this statement's
-            # snapshot sees where it left the schedule.
-            current = table.filter(name=entry.name).values("last_tick", "created_at").first()
-            if current is None:
-                return Fired([], next_tick)
-            return Fired([], schedule.next_after(current["last_tick"] or current["created_at"]))
-        runs = [
-            start_handler(
-                handler,
-                schedule.input,
-                trigger=("schedule", entry.name),
-                run_at=tick,
-                idempotency_key=idempotency_key(entry.name, tick),
-            )
-            for tick in decided.run
-        ]
+            # Another worker took these ticks and committed, or an operator
+            # changed the schedule: this statement's snapshot sees where it is.
+            return Fired([], _next_tick(entry, table.filter(name=entry.name).values(*ROW).first()))
+        runs = [target.start(schedule.input, entry.name, tick) for tick in decided.run]
     if decided.missed:
         logger.warning(
             "schedule=%s missed=%s skipped=%d latest=%s",
@@ -186,29 +304,48 @@ def fire(entry: Entry, now: datetime) -> Fired:
     return Fired(runs, next_tick)
 
 
+def _target(entry: Entry) -> Target:
+    # A code schedule's target is named in code, so a task's module may be imported.
+    found = find_target(entry.job_type, importing=not entry.runtime)
+    if found is None:
+        raise UnknownJobType(f"schedule {entry.name!r}: no job or task {entry.job_type!r}")
+    return found
+
+
+def _firable(entry: Entry, row: Mapping[str, Any]) -> bool:
+    """Whether ``row`` is ``entry``'s to fire: not paused, and of the entry's source
+    (a name may change hands between a code and a run-time schedule)."""
+    runtime = row["source"] == ScheduleSource.RUNTIME
+    return row["paused_at"] is None and runtime == entry.runtime
+
+
+def _next_tick(entry: Entry, row: Mapping[str, Any] | None) -> datetime | None:
+    """``entry``'s next tick as ``row`` (read now) has it; None when it is not to be fired."""
+    if row is None or not _firable(entry, row):
+        return None
+    schedule = runtime_entry(row).schedule if entry.runtime else entry.schedule
+    return schedule.next_after(row["last_tick"] or row["created_at"])
+
+
 def run_schedules(now: datetime | None = None, *, pools: list[str] | None = None) -> list[JobRun]:
     """Start the runs of every schedule (of jobs in ``pools``, or all) due at ``now``.
 
     What a worker's scheduler does, once, in this process; for tests (with an
     injected ``now``) and for running schedules without a worker. A schedule
-    seen for the first time starts nothing for the past.
+    seen for the first time starts nothing for the past. Errors are raised.
     """
     now = timezone.now() if now is None else now
-    items = entries(all_handlers(), pools)
-    if not items:
-        return []
-    due = sync(items, now)
-    runs: list[JobRun] = []
-    for entry in items:
-        if due[entry.name] <= now:
-            runs.extend(fire(entry, now).runs)
-    return runs
+    scheduler = Scheduler(pools, threading.Event(), clock=lambda: now)
+    return scheduler.fire_due(now, fire_one=fire)
 
 
 class Scheduler:
     """A worker's scheduler thread: fires its pools' schedules as their ticks come due.
 
-    Errors are logged and retried; nothing here ends the worker.
+    The schedules declared in code (``entries``) are known at start; run-time
+    ones are read from the table, and every ``RELOAD_INTERVAL`` seconds the
+    scheduler reads which rows changed. Errors are logged and retried; nothing
+    here ends the worker.
     """
 
     def __init__(
@@ -219,10 +356,15 @@ class Scheduler:
         clock: Callable[[], datetime] = timezone.now,
         control: ControlConnection | None = None,
     ) -> None:
-        self.entries = entries(all_handlers(), None if pools is None else list(pools))
+        self.pools = None if pools is None else list(pools)
+        self.entries = code_entries(self.pools)  # declared in code, for the worker's life
+        self.runtime: dict[str, Entry] = {}  # added at run time, as last read
+        self.seen: dict[str, tuple[str, int] | None] = {}  # (source, revision) last applied
+        self.warned: dict[str, int] = {}  # revision of an unschedulable row, once logged
         self.stop = stop
         self.clock = clock
         self.due: dict[str, datetime] | None = None  # next tick by schedule; None: not synced
+        self.loaded_at: datetime | None = None  # when the rows were last read
         self.failures = 0
         # A worker's shared control connection, taken for each pass; without
         # one, the scheduler's thread has a connection of its own.
@@ -250,14 +392,10 @@ class Scheduler:
                 connections.close_all()
 
     def step(self) -> float:
-        """Sync (the first time) and fire what is due; return seconds until the next tick."""
-        now = self.clock()
+        """Sync (the first time), read changes (when due) and fire what is due; return
+        seconds until the next tick or read."""
         try:
-            if self.due is None:
-                self.due = sync(self.entries, now)
-            for entry in self.entries:
-                if self.due[entry.name] <= now:
-                    self.due[entry.name] = self._fire(entry, now)
+            self.fire_due(self.clock(), fire_one=self._fire)
         except DatabaseError as exc:
             self.failures += 1
             pause = min(0.5 * 2.0**self.failures, MAX_SLEEP)
@@ -265,15 +403,138 @@ class Scheduler:
             discard_broken_connections()
             return pause
         self.failures = 0
-        wait = (min(self.due.values()) - self.clock()).total_seconds()
+        assert self.due is not None
+        assert self.loaded_at is not None
+        now = self.clock()
+        wait = min(
+            [(when - now).total_seconds() for when in self.due.values()]
+            + [RELOAD_INTERVAL - (now - self.loaded_at).total_seconds()]
+        )
         return min(max(wait, 0.0), MAX_SLEEP)
 
-    def _fire(self, entry: Entry, now: datetime) -> datetime:
+    def fire_due(
+        self, now: datetime, *, fire_one: Callable[[Entry, datetime], Fired]
+    ) -> list[JobRun]:
+        """One pass: sync and read the rows when due, then fire the due schedules."""
+        if self.due is None:
+            self.due = {name: when for name, when in sync(self.entries, now).items() if when}
+        if (
+            self.loaded_at is None
+            or not 0 <= (now - self.loaded_at).total_seconds() < RELOAD_INTERVAL
+        ):
+            self.reload(now)
+        runs: list[JobRun] = []
+        for name, when in sorted(self.due.items()):
+            if when > now:
+                continue
+            fired = fire_one(self._entry(name), now)
+            runs.extend(fired.runs)
+            if fired.next_tick is None:
+                del self.due[name]
+            else:
+                self.due[name] = fired.next_tick
+        return runs
+
+    def _entry(self, name: str) -> Entry:
+        return self.runtime.get(name) or next(e for e in self.entries if e.name == name)
+
+    def _fire(self, entry: Entry, now: datetime) -> Fired:
         try:
-            return fire(entry, now).next_tick
+            return fire(entry, now)
         except DatabaseError:
             raise  # the whole pass waits and retries
         except Exception:
-            # A bad input, a handler no longer registered: this schedule only.
+            # A bad input, a target no longer known: this schedule only.
             logger.exception("schedule=%s could not start its run; retrying later", entry.name)
-            return now + ERROR_RETRY
+            return Fired([], now + ERROR_RETRY)
+
+    # --- seeing changes ---------------------------------------------------------------
+
+    def reload(self, now: datetime) -> None:
+        """Read which schedules changed since the last read, and apply what changed.
+
+        One query lists every row's name, source and revision; only the rows
+        that changed (added, edited, paused, resumed, deleted) are read whole.
+        """
+        assert self.due is not None
+        table = JobSchedule.objects.using(_using())
+        listing = {
+            name: (source, revision)
+            for name, source, revision in table.values_list("name", "source", "revision")
+        }
+        first = self.loaded_at is None
+        self.loaded_at = now
+        code = {entry.name: entry for entry in self.entries}
+        changed = [
+            name
+            for name in sorted({*listing, *self.seen, *code})
+            if listing.get(name) != self.seen.get(name, ())
+        ]
+        if first:
+            # sync() has just read the code schedules' rows.
+            self.seen.update({name: listing.get(name) for name in changed if name in code})
+            changed = [name for name in changed if name not in code]
+        for batch in _batches(changed, RELOAD_BATCH):
+            rows = {row["name"]: row for row in table.filter(name__in=batch).values(*ROW)}
+            for name in batch:
+                self._apply(name, rows.get(name), code.get(name), now)
+
+    def _apply(
+        self, name: str, row: Mapping[str, Any] | None, code: Entry | None, now: datetime
+    ) -> None:
+        """Schedule ``name`` as its ``row`` (just read; None: deleted) now has it."""
+        assert self.due is not None
+        self.seen[name] = None if row is None else (row["source"], row["revision"])
+        self.runtime.pop(name, None)
+        self.due.pop(name, None)
+        if row is not None and row["source"] == ScheduleSource.RUNTIME:
+            self._apply_runtime(row)
+        elif code is not None and row is None:
+            when = sync([code], now)[name]  # deleted: seen for the first time again
+            if when is not None:
+                self.due[name] = when
+        elif code is not None and row is not None:
+            logger.info("schedule=%s revision=%s %s", name, row["revision"], _state(row))
+            if row["paused_at"] is None:
+                self.due[name] = code.schedule.next_after(row["last_tick"] or row["created_at"])
+        elif row is None:
+            del self.seen[name]
+            logger.info("schedule=%s deleted", name)
+
+    def _apply_runtime(self, row: Mapping[str, Any]) -> None:
+        assert self.due is not None
+        name = row["name"]
+        try:
+            entry = runtime_entry(row)
+        except (ValueError, UnknownJobType) as exc:
+            # Read again at the next reload (a task's module may be imported by
+            # then); said once per revision.
+            del self.seen[name]
+            if self.warned.get(name) != row["revision"]:
+                self.warned[name] = row["revision"]
+                logger.warning(
+                    "schedule=%s revision=%s not scheduled: %s", name, row["revision"], exc
+                )
+            return
+        self.warned.pop(name, None)
+        if self.pools is not None and entry.pool not in self.pools:
+            return
+        self.runtime[name] = entry
+        logger.info(
+            "schedule=%s revision=%s %s target=%s",
+            name,
+            row["revision"],
+            _state(row),
+            entry.job_type,
+        )
+        if row["paused_at"] is None:
+            self.due[name] = entry.schedule.next_after(row["last_tick"] or row["created_at"])
+
+
+def _state(row: Mapping[str, Any]) -> str:
+    return "paused" if row["paused_at"] is not None else "active"
+
+
+def _batches(items: list[str], size: int) -> Iterable[list[str]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]

@@ -1,15 +1,20 @@
 """Periodic schedules: ``Schedule``, the schedules in force, and which ticks to run. No SQL.
 
 A schedule is declared on a job (``@job(..., schedule=...)``, named after its
-job type) or in ``DJANGO_JOBS["SCHEDULES"]`` (named by its key). The database
-side, one run per tick across every worker, is ``scheduler.py``.
+job type) or in ``DJANGO_JOBS["SCHEDULES"]`` (named by its key), or added at
+run time (``add_schedule()``, the admin; its row is its definition). The
+database side, one run per tick across every worker, is ``scheduler.py``.
+
+A schedule starts runs of its *target*: a ``@job`` or a ``django.tasks`` task
+(``Target``). Tasks are found through the lookups the tasks backend adds
+(``add_target_lookup``), since this module cannot know them.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from dataclasses import KW_ONLY, dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import KW_ONLY, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -23,6 +28,7 @@ logger = logging.getLogger(__name__)
 MISSED_POLICIES = ("skip", "catch_up")
 SETTINGS_KEYS = ("job_type", "cron", "timezone", "missed", "input")
 MAX_NAME = 200
+MAX_CRON = 1000  # characters of a run-time schedule's cron expression
 # A tick first handled more than this after its instant was missed: no worker
 # was scheduling then (all down, or the database unreachable). Workers handle a
 # tick within moments, so only downtime makes a tick this late.
@@ -97,12 +103,52 @@ def schedule_input(value: object, *, what: str) -> Any:
 
 @dataclass(frozen=True)
 class Entry:
-    """A schedule in force: its name, the job type it starts, and the job's pool."""
+    """A schedule in force: its name, the job type it starts, and the job's pool.
+
+    ``runtime``: added at run time, so its row is its definition (this entry is
+    the definition as last read from it).
+    """
 
     name: str
     job_type: str
     pool: str
     schedule: Schedule
+    runtime: bool = False
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a schedule starts, as this process knows it: a ``@job`` or a ``django.tasks`` task."""
+
+    job_type: str  # a job type, or a task's module path
+    pool: str
+    kind: str  # "job" or "task"
+    # The schedule's input as its runs get it; ValueError when they could not take it.
+    check_input: Callable[[Any], Any]
+    # Start the run of one tick: (input, schedule name, tick) -> the JobRun.
+    start: Callable[[Any, str, datetime], Any]
+
+
+# Each finds a target no @job registered (a task, by its module path), or None.
+# With ``importing``, it may import the target's module: only for names written
+# in code (settings); a name read from a row is looked up among what is imported.
+TargetLookup = Callable[[str, bool], Target | None]
+_lookups: list[TargetLookup] = []
+
+
+def add_target_lookup(lookup: TargetLookup) -> None:
+    """Let ``lookup(name, importing)`` supply targets that are not ``@job`` types."""
+    if lookup not in _lookups:
+        _lookups.append(lookup)
+
+
+def other_target(name: str, *, importing: bool = False) -> Target | None:
+    """The target ``name`` names that is not a ``@job`` (a task), or None."""
+    for lookup in list(_lookups):
+        found = lookup(name, importing)
+        if found is not None:
+            return found
+    return None
 
 
 class Job(Protocol):
@@ -116,11 +162,17 @@ class Job(Protocol):
     def schedule(self) -> Schedule | None: ...
 
 
-def entries(handlers: Mapping[str, Job], pools: list[str] | None = None) -> list[Entry]:
-    """Return the schedules in force (of jobs in ``pools``, or all), sorted by name.
+def entries(
+    handlers: Mapping[str, Job],
+    pools: list[str] | None = None,
+    *,
+    resolve: Callable[[str], Target | None] | None = None,
+) -> list[Entry]:
+    """Return the schedules declared in code (of jobs in ``pools``, or all), sorted by name.
 
-    ``handlers`` are the registered jobs by job type (``registry.all_handlers()``).
-    Settings entries that are invalid or name an unknown job type are left out:
+    ``handlers`` are the registered jobs by job type (``registry.all_handlers()``);
+    ``resolve`` finds the other targets a settings entry may name (tasks).
+    Settings entries that are invalid or name an unknown target are left out:
     the system checks report them.
     """
     found = {
@@ -131,11 +183,25 @@ def entries(handlers: Mapping[str, Job], pools: list[str] | None = None) -> list
     for name, spec in _settings_schedules().items():
         if name in found or entry_problems(name, spec):
             continue
-        job = handlers.get(spec["job_type"])
+        job: Job | Target | None = handlers.get(spec["job_type"])
+        if job is None and resolve is not None:
+            job = resolve(spec["job_type"])
         if job is None:
             continue
-        found[name] = Entry(name, job.job_type, job.pool, from_settings(spec))
+        try:
+            schedule = from_settings(spec)
+            if isinstance(job, Target):
+                schedule = replace(schedule, input=job.check_input(schedule.input))
+        except ValueError:
+            continue  # a task's input that does not fit it: E009
+        found[name] = Entry(name, job.job_type, job.pool, schedule)
     return [entry for _, entry in sorted(found.items()) if pools is None or entry.pool in pools]
+
+
+def code_names(handlers: Mapping[str, Job]) -> set[str]:
+    """The names schedules declared in code hold (valid or not): run-time ones may not take them."""
+    names = {handler.job_type for handler in handlers.values() if handler.schedule is not None}
+    return names | {name for name in _settings_schedules() if isinstance(name, str)}
 
 
 def from_settings(spec: dict[str, Any]) -> Schedule:
@@ -185,9 +251,11 @@ def entry_problems(name: object, spec: object) -> list[tuple[str, str]]:
     return found
 
 
-def settings_problems(handlers: Mapping[str, Job]) -> list[tuple[str, str]]:
+def settings_problems(
+    handlers: Mapping[str, Job], resolve: Callable[[str], Target | None] | None = None
+) -> list[tuple[str, str]]:
     """Every problem of ``DJANGO_JOBS["SCHEDULES"]`` as ``(check id, message)``, given
-    the registered jobs by job type."""
+    the registered jobs by job type and how to find other targets (tasks)."""
     found: list[tuple[str, str]] = []
     for name, spec in _settings_schedules().items():
         problems = entry_problems(name, spec)
@@ -195,8 +263,22 @@ def settings_problems(handlers: Mapping[str, Job]) -> list[tuple[str, str]]:
         if problems:
             continue
         where = f"DJANGO_JOBS['SCHEDULES'][{name!r}]"
-        if spec["job_type"] not in handlers:
-            found.append(("E012", f"{where}: no job is registered as {spec['job_type']!r}"))
+        target = None
+        if spec["job_type"] not in handlers and resolve is not None:
+            target = resolve(spec["job_type"])
+        if spec["job_type"] not in handlers and target is None:
+            found.append(
+                (
+                    "E012",
+                    f"{where}: no job is registered as {spec['job_type']!r}, and no "
+                    "django.tasks task has that path",
+                )
+            )
+        if target is not None:
+            try:
+                target.check_input(schedule_input(spec.get("input"), what="'input'"))
+            except ValueError as exc:
+                found.append(("E009", f"{where}: {exc}"))
         collision = handlers.get(name)
         if collision is not None and collision.schedule is not None:
             found.append(("E013", f"{where}: the name is taken by the schedule of @job({name!r})"))

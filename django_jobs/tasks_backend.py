@@ -15,11 +15,13 @@ stored nowhere, yet a caller holding one result cannot read another's by countin
 
 from __future__ import annotations
 
+import inspect
 import logging
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
+from functools import partial
 from inspect import iscoroutinefunction
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +40,7 @@ from .models import FINISHED_STATUSES, JobRun, Status
 from .payloads import normalize
 from .pools import pool_problem
 from .registry import JobHandler
+from .schedules import Target, idempotency_key
 from .tasks_compat import (
     BaseTaskBackend,
     InvalidTask,
@@ -111,18 +114,30 @@ class JobsBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
     def enqueue(self, task: AnyTask, args: Any, kwargs: Any) -> AnyResult:
         self.validate_task(task)
         data = normalize(normalize_json({"args": args, "kwargs": kwargs}), what="arguments")
-        run = api.start_handler(
+        run = self._start(task, data, run_at=task.run_after)
+        result = self.result_of(run)
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    def start_scheduled(self, task: AnyTask, data: Any, name: str, tick: datetime) -> JobRun:
+        """Start the run of schedule ``name`` for ``tick``: a run of ``task`` as
+        ``enqueue()`` makes one, its input ``{"args": [...], "kwargs": {...}}``."""
+        self.validate_task(task)
+        data = scheduled_arguments(task, data)
+        run = self._start(task, data, run_at=tick, idempotency_key=idempotency_key(name, tick))
+        task_enqueued.send(type(self), task_result=self.result_of(run))
+        return run
+
+    def _start(self, task: AnyTask, data: dict[str, Any], **options: Any) -> JobRun:
+        return api.start_handler(
             handler_for(task),
             data,
             trigger=(TASK_SOURCE, self.alias),
             pool=task.queue_name,
             priority=task.priority,
-            run_at=task.run_after,
             concurrency_key=_key(task, data),
+            **options,
         )
-        result = self.result_of(run)
-        task_enqueued.send(type(self), task_result=result)
-        return result
 
     def get_result(self, result_id: str) -> AnyResult:
         run = (
@@ -389,6 +404,78 @@ def _import_task(path: str) -> AnyTask | None:
     if not isinstance(task, Task) or task.module_path != path:
         return None
     return task
+
+
+# --- schedules of tasks -------------------------------------------------------------
+
+
+def schedule_target(path: str, importing: bool) -> Target | None:
+    """The task at ``path`` as a schedule's target (``schedules.add_target_lookup``), or None.
+
+    A name written in settings is code: its module may be imported as a worker
+    imports a task's (``resolve_task``'s rules). A name read from a row (a
+    run-time schedule's) imports nothing: the task must be in a module this
+    process has imported already, such as one an installed app's ``jobs.py``
+    imports.
+    """
+    if "." not in path or not configured():
+        return None
+    task = _import_task_guarded(path) if importing else _imported_task(path)
+    if task is None:
+        return None
+    try:
+        backend = task_backends[task.backend]
+    except Exception:  # an alias TASKS does not have (InvalidTaskBackend)
+        return None
+    if not isinstance(backend, JobsBackend):
+        return None
+    return Target(
+        job_type=path,
+        pool=task.queue_name,
+        kind="task",
+        check_input=partial(scheduled_arguments, task),
+        start=partial(backend.start_scheduled, task),
+    )
+
+
+def _import_task_guarded(path: str) -> AnyTask | None:
+    module = path.rpartition(".")[0]
+    if module not in sys.modules and not _in_installed_app(module):
+        return None
+    return _import_task(path)
+
+
+def _imported_task(path: str) -> AnyTask | None:
+    """The task at ``path`` if its module is imported; nothing is imported or run
+    (the module's own ``__dict__`` is read, not its ``__getattr__``)."""
+    module_name, _, name = path.rpartition(".")
+    module = sys.modules.get(module_name)
+    task = None if module is None else vars(module).get(name)
+    if not isinstance(task, Task) or task.module_path != path:
+        return None
+    return task
+
+
+def scheduled_arguments(task: AnyTask, value: Any) -> dict[str, Any]:
+    """A schedule's input for ``task`` as its runs get it: ``{"args": [...], "kwargs":
+    {...}}`` (either may be left out), arguments the task's function accepts."""
+    value = {} if value is None else value
+    if not isinstance(value, dict) or not set(value) <= {"args", "kwargs"}:
+        raise InvalidJobInput(
+            'the input of a task\'s schedule is {"args": [...], "kwargs": {...}}, '
+            f"got a {type(value).__name__}"
+            + (f" with keys {sorted(map(str, value))[:5]}" if isinstance(value, dict) else "")
+        )
+    args, kwargs = value.get("args", []), value.get("kwargs", {})
+    if not isinstance(args, list) or not isinstance(kwargs, dict):
+        raise InvalidJobInput('"args" must be a list and "kwargs" an object')
+    call = [None, *args] if task.takes_context else args
+    try:
+        inspect.signature(task.func).bind(*call, **kwargs)
+    except TypeError as exc:
+        raise InvalidJobInput(f"the arguments do not fit {task.module_path}: {exc}") from None
+    normalized: dict[str, Any] = normalize({"args": args, "kwargs": kwargs}, what="input")
+    return normalized
 
 
 def configured() -> bool:

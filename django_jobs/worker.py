@@ -305,12 +305,11 @@ class JobWorker:
         self._watchman.pulse(max(remaining, default=math.inf))
 
     def start_scheduler(self) -> threading.Thread | None:
-        """Start the scheduler thread if asked and this worker's pools have schedules."""
+        """Start the scheduler thread, if asked: schedules may be added at run time, so
+        it runs even while this worker's pools have none."""
         if not self.scheduler:
             return None
         scheduler = Scheduler(self.pools, self.stopping, control=self._control)
-        if not scheduler.entries:
-            return None
         return start_thread(scheduler.run, "django-jobs-scheduler")
 
     def request_stop(self) -> None:

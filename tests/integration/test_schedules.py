@@ -18,7 +18,14 @@ from django_jobs import Schedule, job, scheduler
 from django_jobs.admin.schedules import JobScheduleAdmin
 from django_jobs.models import JobRun, JobSchedule, Status
 from django_jobs.registry import JobHandler, all_handlers, unregister
-from django_jobs.scheduler import Scheduler, fire, run_schedules, sync
+from django_jobs.scheduler import (
+    ERROR_RETRY,
+    RELOAD_INTERVAL,
+    Scheduler,
+    fire,
+    run_schedules,
+    sync,
+)
 from django_jobs.schedules import CATCH_UP_LIMIT, Entry, entries
 from django_jobs.testing import drain
 from django_jobs.worker import JobWorker
@@ -314,18 +321,24 @@ class Clock:
         return self.now
 
 
-def test_scheduler_touches_the_database_only_when_a_tick_is_due(
+def test_scheduler_touches_the_database_only_at_ticks_and_reloads(
     declare: Declare, django_assert_num_queries: Any
 ) -> None:
     declare("sched.cheap", Schedule("0 * * * *", timezone="UTC"))
     clock = Clock(utc(2026, 1, 1, 10, 0, 30))
     cheap = Scheduler(["default"], threading.Event(), clock=clock)
-    assert cheap.step() == 60.0  # synced; the next tick is 59.5 minutes away: capped
-    clock.now = utc(2026, 1, 1, 10, 59, 59)
+    # Synced and read; the next tick is 59.5 minutes away, the next read 5 seconds.
+    assert cheap.step() == RELOAD_INTERVAL
+    clock.now = utc(2026, 1, 1, 10, 0, 32)
     with django_assert_num_queries(0):
-        assert cheap.step() == pytest.approx(1.0)
+        assert cheap.step() == pytest.approx(RELOAD_INTERVAL - 2)
+    clock.now = utc(2026, 1, 1, 10, 0, 35)
+    with django_assert_num_queries(1):  # which rows changed: none
+        assert cheap.step() == RELOAD_INTERVAL
+    clock.now = utc(2026, 1, 1, 10, 59, 59)
+    assert cheap.step() == pytest.approx(1.0)
     clock.now = utc(2026, 1, 1, 11, 0, 0)
-    assert cheap.step() == 60.0
+    assert cheap.step() == pytest.approx(RELOAD_INTERVAL - 1)  # read a second ago
     assert run_ats("sched.cheap") == [utc(2026, 1, 1, 11)]
 
 
@@ -364,7 +377,9 @@ def test_scheduler_survives_database_errors_and_bad_schedules(
     clock.now = utc(2026, 1, 1, 10, 1, 1)
     with caplog.at_level(logging.WARNING, logger="django_jobs.scheduler"):
         assert survivor.step() == 1.0  # backoff after the outage
-        assert survivor.step() == pytest.approx(30.0)  # the big one retries in 30 s
+        assert survivor.step() == RELOAD_INTERVAL
+    assert survivor.due is not None
+    assert survivor.due["sched.big"] == clock.now + ERROR_RETRY  # the big one retries in 30 s
     assert "scheduler database error (the database went away); retrying in 1.0s" in caplog.text
     assert "schedule=sched.big could not start its run" in caplog.text
     assert run_ats("sched.fine") == [utc(2026, 1, 1, 10, 1)]
@@ -387,9 +402,12 @@ def test_a_schedule_that_cannot_sync_does_not_stop_the_others(
     survivor = Scheduler(["default"], threading.Event(), clock=clock)
     survivor.entries = [broken, entry("sched.healthy")]
     with caplog.at_level(logging.ERROR, logger="django_jobs.scheduler"):
-        assert survivor.step() == 30.0  # the broken one is tried again in 30 s
+        survivor.step()
+        assert survivor.due is not None
+        assert survivor.due["sched.broken"] == clock.now + ERROR_RETRY  # tried again in 30 s
         clock.now = utc(2026, 1, 1, 10, 1, 1)
-        assert survivor.step() == 30.0
+        survivor.step()
+        assert survivor.due["sched.broken"] == clock.now + ERROR_RETRY
     assert caplog.text.count("schedule=sched.broken could not be synced; retrying later") == 2
     assert run_ats("sched.healthy") == [utc(2026, 1, 1, 10, 1)]
     assert list(JobSchedule.objects.values_list("name", flat=True)) == ["sched.healthy"]
@@ -414,20 +432,20 @@ def test_worker_catches_up_missed_ticks_and_runs_them(declare: Declare) -> None:
     assert not any(t.name == "django-jobs-scheduler" for t in threading.enumerate())
 
 
-def test_scheduler_thread_only_when_asked_and_there_are_schedules(declare: Declare) -> None:
-    # The test app declares no schedules, so other tests' workers schedule nothing.
-    assert JobWorker(["default"]).start_scheduler() is None
-    declare("sched.thread", "@hourly")
+def test_scheduler_thread_runs_unless_asked_not_to(declare: Declare) -> None:
+    # Schedules may be added at run time, so it runs also while the pools have none.
     assert JobWorker(["default"], scheduler=False).start_scheduler() is None
-    assert JobWorker(["elsewhere"]).start_scheduler() is None
-    worker = JobWorker(["default"])
-    thread = worker.start_scheduler()
-    assert thread is not None
-    assert thread.name == "django-jobs-scheduler"
-    wait_until(lambda: JobSchedule.objects.filter(name="sched.thread").exists())
-    worker.stopping.set()
-    thread.join(10)
-    assert not thread.is_alive()
+    declare("sched.thread", "@hourly")
+    for pools in (["elsewhere"], ["default"]):
+        worker = JobWorker(pools)
+        thread = worker.start_scheduler()
+        assert thread is not None
+        assert thread.name == "django-jobs-scheduler"
+        if pools == ["default"]:
+            wait_until(lambda: JobSchedule.objects.filter(name="sched.thread").exists())
+        worker.stopping.set()
+        thread.join(10)
+        assert not thread.is_alive()
 
 
 # --- admin --------------------------------------------------------------------------
