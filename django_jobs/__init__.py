@@ -9,12 +9,22 @@ __all__ = [
     "RetryAfter",
     "RetryPolicy",
     "Schedule",
+    "aadd_schedule",
     "acancel",
+    "achange_schedule",
+    "add_schedule",
+    "adelete_schedule",
+    "apause_schedule",
+    "aresume_schedule",
     "aretry",
     "astart",
     "astart_many",
     "cancel",
+    "change_schedule",
+    "delete_schedule",
     "job",
+    "pause_schedule",
+    "resume_schedule",
     "retry",
     "start",
     "start_many",
@@ -26,6 +36,18 @@ if TYPE_CHECKING:
     from .context import JobContext
     from .exceptions import RetryAfter
     from .registry import job
+    from .schedule_api import (
+        aadd_schedule,
+        achange_schedule,
+        add_schedule,
+        adelete_schedule,
+        apause_schedule,
+        aresume_schedule,
+        change_schedule,
+        delete_schedule,
+        pause_schedule,
+        resume_schedule,
+    )
     from .schedules import Schedule
 
 _LAZY = {
@@ -42,6 +64,21 @@ _LAZY = {
     "job": "registry",
     "RetryPolicy": "backoff",
     "Schedule": "schedules",
+    **{
+        name: "schedule_api"
+        for name in (
+            "add_schedule",
+            "change_schedule",
+            "pause_schedule",
+            "resume_schedule",
+            "delete_schedule",
+            "aadd_schedule",
+            "achange_schedule",
+            "apause_schedule",
+            "aresume_schedule",
+            "adelete_schedule",
+        )
+    },
 }
 
 

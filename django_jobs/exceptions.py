@@ -32,6 +32,19 @@ class RunNotFound(JobsError, LookupError):
     """No run has this id (within the given tenant)."""
 
 
+class InvalidSchedule(JobsError, ValueError):
+    """A schedule cannot be added or changed as asked (a bad value, a taken name, a
+    schedule declared in code); ``field`` names the bad argument, when one is."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class ScheduleNotFound(JobsError, LookupError):
+    """No schedule has this name."""
+
+
 class InvalidTransition(JobsError):
     """The run is not in a state that allows the requested change."""
 

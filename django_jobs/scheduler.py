@@ -472,8 +472,13 @@ class Scheduler:
         ]
         if first:
             # sync() has just read the code schedules' rows.
-            self.seen.update({name: listing.get(name) for name in changed if name in code})
-            changed = [name for name in changed if name not in code]
+            synced = {
+                name
+                for name in changed
+                if name in code and listing.get(name, ("", 0))[0] != ScheduleSource.RUNTIME
+            }
+            self.seen.update({name: listing.get(name) for name in synced})
+            changed = [name for name in changed if name not in synced]
         for batch in _batches(changed, RELOAD_BATCH):
             rows = {row["name"]: row for row in table.filter(name__in=batch).values(*ROW)}
             for name in batch:

@@ -82,6 +82,21 @@ class Schedule:
         return self.parsed.next_after(instant, self.zone)
 
 
+def name_problem(name: object) -> str | None:
+    """Why ``name`` cannot name a run-time schedule, or None.
+
+    As for pools: whitespace and control characters are refused, since
+    ``"nightly "`` would look like ``"nightly"`` in every listing.
+    """
+    if not isinstance(name, str) or not name:
+        return "must be a non-empty string"
+    if len(name) > MAX_NAME:
+        return f"is longer than {MAX_NAME} characters"
+    if any(c.isspace() or not c.isprintable() for c in name):
+        return "contains whitespace or a control character"
+    return None
+
+
 def timezone_problem(name: object) -> str | None:
     """Why ``name`` is not a time zone ``zoneinfo`` knows, or None."""
     if not isinstance(name, str) or not name:
