@@ -133,6 +133,8 @@ def check_name(name: object) -> str:
             "named after its job type; a DJANGO_JOBS['SCHEDULES'] one by its key)",
             "name",
         )
+    if JobSchedule.objects.using(conf.get().DATABASE).filter(name=name).exists():
+        raise InvalidSchedule(f"a schedule named {name!r} exists already", "name")
     return name
 
 
