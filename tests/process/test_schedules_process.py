@@ -1,4 +1,11 @@
-"""Two real runjobworker processes scheduling one schedule: one run per missed tick."""
+"""Real runjobworker processes scheduling: one run per tick, with schedules declared in
+settings and with schedules added, changed, paused, resumed and deleted under them.
+
+Ticks are minutes. To have ticks due without waiting for them, a test stores a
+schedule's latest handled tick some minutes back, as if every worker had been
+down since (or the schedule paused): the missed ticks are then due at once.
+Only the last test waits for one minute to turn.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +14,20 @@ import subprocess
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
+from django.db import transaction
 from django.db.models import Count, QuerySet
 
-from django_jobs import start
+from django_jobs import (
+    add_schedule,
+    change_schedule,
+    delete_schedule,
+    pause_schedule,
+    resume_schedule,
+    start,
+)
 from django_jobs.models import JobRun, JobSchedule, Status
 from tests.helpers import ROOT, WorkerProcess, wait_until, worker_env
 from tests.testapp.models import Execution
@@ -104,3 +120,122 @@ def test_no_scheduler_takes_no_value() -> None:
     )
     assert result.returncode == 2
     assert "--no-scheduler: ignored explicit argument 'yes'" in result.stderr
+
+
+# --- run-time schedules ----------------------------------------------------------------
+
+
+def minute() -> datetime:
+    return datetime.now(UTC).replace(second=0, microsecond=0)
+
+
+def runs_of(name: str) -> QuerySet[JobRun]:
+    return JobRun.objects.filter(idempotency_key__startswith=f"schedule:{name}:")
+
+
+def add_handled_until(name: str, job_type: str, last_tick: datetime, **options: Any) -> None:
+    """Add a schedule as if it had been handled up to ``last_tick`` (its missed ticks
+    since are due at once); workers see it only once both are committed."""
+    with transaction.atomic():
+        add_schedule(name, job_type, "* * * * *", timezone="UTC", **options)
+        JobSchedule.objects.filter(name=name).update(
+            created_at=last_tick - timedelta(days=1), last_tick=last_tick
+        )
+
+
+def seen_by_all(workers: list[WorkerProcess], text: str) -> None:
+    """Wait until every worker has logged ``text`` (its scheduler applied a change)."""
+    wait_until(lambda: all(text in worker.output() for worker in workers), timeout=60)
+
+
+def assert_one_run_per_tick(name: str, after: datetime | None = None) -> list[datetime]:
+    """Each tick of ``name`` has one run, and each finished run ran once; with
+    ``after``, every minute from it to the latest tick has its run. Return the ticks."""
+    wait_until(lambda: runs_of(name).filter(status=Status.COMPLETED).exists(), timeout=60)
+    found = sorted(runs_of(name).values_list("run_at", flat=True))
+    assert len(found) == len(set(found)), found
+    done = runs_of(name).filter(status=Status.COMPLETED, job_type="tests.record")
+    executions = Execution.objects.filter(run_id__in=list(done.values_list("id", flat=True)))
+    per_run = executions.values("run_id").annotate(n=Count("id")).values_list("n", flat=True)
+    assert set(per_run) <= {1}
+    if after is not None:
+        assert found == every_minute(after, found[-1])
+    return found
+
+
+def every_minute(after: datetime, until: datetime) -> list[datetime]:
+    return [after + timedelta(minutes=n) for n in range(1, int((until - after) / MINUTE) + 1)]
+
+
+MINUTE = timedelta(minutes=1)
+
+
+def test_workers_follow_schedules_changed_under_them(start_worker: StartWorker) -> None:
+    # The test settings declare no schedule: every worker's scheduler runs anyway.
+    workers = [start_worker("--pool", "default", "--concurrency", "2") for _ in range(3)]
+    seen_by_all(workers, "scheduler started schedules=")
+
+    # Added under running workers, 4 minutes behind, catching up: each minute once.
+    added = minute() - 4 * MINUTE
+    add_handled_until("rt.added", "tests.record", added, missed="catch_up", input={"v": 1})
+    wait_until(lambda: runs_of("rt.added").count() >= 4, timeout=60)
+    assert_one_run_per_tick("rt.added", after=added)
+    assert all(run.input == {"v": 1} for run in runs_of("rt.added"))
+
+    # Added paused; its target and input changed while paused; resumed: the missed
+    # minutes run, each once, under the changed definition.
+    edited = minute() - 3 * MINUTE
+    add_handled_until("rt.edited", "tests.noop", edited, missed="catch_up", paused=True)
+    seen_by_all(workers, "schedule=rt.edited revision=1 paused")
+    change_schedule("rt.edited", job_type="tests.record", input={"v": 2})
+    seen_by_all(workers, "schedule=rt.edited revision=2 paused target=tests.record")
+    assert not runs_of("rt.edited").exists()
+    resume_schedule("rt.edited")
+    wait_until(lambda: runs_of("rt.edited").count() >= 3, timeout=60)
+    assert_one_run_per_tick("rt.edited", after=edited)
+    assert set(runs_of("rt.edited").values_list("job_type", flat=True)) == {"tests.record"}
+    assert all(run.input == {"v": 2} for run in runs_of("rt.edited"))
+
+    # Paused 4 minutes, resumed under skip: only the tick still on time runs.
+    last = minute() - 4 * MINUTE
+    add_handled_until("rt.skip", "tests.record", last, missed="skip", paused=True)
+    seen_by_all(workers, "schedule=rt.skip revision=1 paused")
+    resumed = datetime.now(UTC)
+    resume_schedule("rt.skip")
+    wait_until(lambda: runs_of("rt.skip").exists(), timeout=60)
+    skip_ticks = assert_one_run_per_tick("rt.skip")
+    # A tick runs only if it was at most 60 s old when a worker took it, after the resume.
+    assert all(tick >= resumed - timedelta(seconds=60) for tick in skip_ticks)
+    assert skip_ticks[0] > last + MINUTE  # the first missed minutes were skipped
+
+    # One minute turns with a schedule running, one paused and one deleted under
+    # the workers: the running one gets its tick once, the others nothing.
+    add_schedule("rt.every", "tests.record", "* * * * *", timezone="UTC")
+    add_schedule("rt.paused", "tests.record", "* * * * *", timezone="UTC", missed="catch_up")
+    add_schedule("rt.deleted", "tests.record", "* * * * *", timezone="UTC")
+    seen_by_all(workers, "schedule=rt.deleted revision=1 active")
+    paused = datetime.now(UTC)
+    pause_schedule("rt.paused")
+    delete_schedule("rt.deleted")
+    seen_by_all(workers, "schedule=rt.paused revision=2 paused")
+    seen_by_all(workers, "schedule=rt.deleted deleted")
+    changed = datetime.now(UTC)
+    wait_until(lambda: runs_of("rt.every").filter(run_at__gt=changed).exists(), timeout=120)
+    assert not runs_of("rt.paused").filter(run_at__gt=paused).exists()
+    assert not runs_of("rt.deleted").filter(run_at__gt=paused).exists()
+    assert_one_run_per_tick("rt.every")
+
+    # Resumed under catch_up: every minute since it was added runs, once.
+    row = JobSchedule.objects.get(name="rt.paused")
+    first = row.created_at.replace(second=0, microsecond=0)
+    resume_schedule("rt.paused")
+    wait_until(lambda: runs_of("rt.paused").filter(run_at__gt=changed).exists(), timeout=60)
+    assert_one_run_per_tick("rt.paused", after=first)
+
+    stop(workers)
+    for worker in workers:
+        assert "Traceback" not in worker.output(), worker.output()[-3000:]
+    # With every worker stopped, the counts again, to the last tick handled.
+    for name, after in [("rt.added", added), ("rt.edited", edited), ("rt.paused", first)]:
+        assert_one_run_per_tick(name, after)
+    assert_one_run_per_tick("rt.every")
