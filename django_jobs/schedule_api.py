@@ -32,7 +32,8 @@ from .exceptions import InvalidSchedule, ScheduleNotFound
 from .models import JobSchedule, ScheduleSource
 from .payloads import control_problem
 from .registry import all_handlers
-from .scheduler import code_entries, find_target, sync
+from .schedule_targets import code_entries, find_target
+from .scheduler import sync
 from .schedules import (
     MAX_CRON,
     MISSED_POLICIES,

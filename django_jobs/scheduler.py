@@ -47,7 +47,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -57,20 +57,10 @@ from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from . import conf
-from .api import start_handler
 from .exceptions import UnknownJobType
 from .models import JobRun, JobSchedule, ScheduleSource
-from .registry import JobHandler, all_handlers
-from .schedules import (
-    Entry,
-    Schedule,
-    Target,
-    entries,
-    idempotency_key,
-    other_target,
-    plan,
-    schedule_input,
-)
+from .schedule_targets import code_entries, find_target, runtime_entry
+from .schedules import Entry, Target, plan
 from .storage.connections import discard_broken_connections
 from .storage.control import ControlConnection
 
@@ -112,60 +102,6 @@ class Fired:
 
 def _using() -> str:
     return conf.get().DATABASE
-
-
-def find_target(job_type: str, *, importing: bool = False) -> Target | None:
-    """What ``job_type`` names as a schedule's target: a ``@job``, or a task.
-
-    ``importing`` may import a task's module (for names written in settings); a
-    name read from a row is only looked up among the modules already imported.
-    """
-    handler = all_handlers().get(job_type)
-    if handler is not None:
-        return job_target(handler)
-    return other_target(job_type, importing=importing)
-
-
-def job_target(handler: JobHandler) -> Target:
-    """A ``@job`` as a schedule's target: its runs are triggered by the schedule."""
-
-    def start(input: Any, name: str, tick: datetime) -> JobRun:
-        return start_handler(
-            handler,
-            input,
-            trigger=("schedule", name),
-            run_at=tick,
-            idempotency_key=idempotency_key(name, tick),
-        )
-
-    return Target(
-        job_type=handler.job_type,
-        pool=handler.pool,
-        kind="job",
-        check_input=lambda value: schedule_input(value, what="input"),
-        start=start,
-    )
-
-
-def code_entries(pools: list[str] | None) -> list[Entry]:
-    """The schedules declared in code (of jobs in ``pools``, or all)."""
-    return entries(all_handlers(), pools, resolve=lambda name: other_target(name, importing=True))
-
-
-def runtime_entry(row: Mapping[str, Any]) -> Entry:
-    """The schedule a run-time row defines; ``ValueError`` (or ``UnknownJobType``)
-    when its row holds what no schedule can be, or a target this process does not know."""
-    schedule = Schedule(
-        row["cron"], timezone=row["timezone"] or None, missed=row["missed"], input=row["input"]
-    )
-    target = find_target(row["job_type"])
-    if target is None:
-        raise UnknownJobType(
-            f"schedule {row['name']!r} targets {str(row['job_type'])[:200]!r}, which this "
-            "process does not know (a @job type, or a task whose module is imported)"
-        )
-    schedule = replace(schedule, input=target.check_input(schedule.input))
-    return Entry(row["name"], target.job_type, target.pool, schedule, runtime=True)
 
 
 def _definition(entry: Entry) -> dict[str, str]:
@@ -511,7 +447,7 @@ class Scheduler:
         name = row["name"]
         try:
             entry = runtime_entry(row)
-        except (ValueError, UnknownJobType) as exc:
+        except Exception as exc:  # whatever a row holds, the other schedules go on
             # Read again at the next reload (a task's module may be imported by
             # then); said once per revision.
             del self.seen[name]

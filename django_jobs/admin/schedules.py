@@ -33,7 +33,7 @@ from ..schedule_api import (
     pause_schedule,
     resume_schedule,
 )
-from ..scheduler import code_entries, runtime_entry
+from ..schedule_targets import code_entries, runtime_entry
 from ..schedules import MAX_CRON, Entry, plan
 from .display import EMPTY, SHOWN, pretty_json, stored_size, timestamp
 from .labels import FieldLabels

@@ -31,7 +31,8 @@ from django_jobs.exceptions import InvalidSchedule, ScheduleNotFound
 from django_jobs.models import JobRun, JobSchedule, ScheduleSource
 from django_jobs.payloads import MAX_DEPTH
 from django_jobs.registry import JobHandler, unregister
-from django_jobs.scheduler import RELOAD_INTERVAL, Scheduler, fire, run_schedules, runtime_entry
+from django_jobs.schedule_targets import runtime_entry
+from django_jobs.scheduler import RELOAD_INTERVAL, Scheduler, fire, run_schedules
 from django_jobs.schedules import CATCH_UP_LIMIT
 from django_jobs.tasks_compat import task_backends
 from django_jobs.testing import drain

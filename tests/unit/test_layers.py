@@ -53,6 +53,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "eventloop",
                 "scheduler",
                 "schedule_api",
+                "schedule_targets",
                 "retention",
                 "snapshot",
                 "pools",

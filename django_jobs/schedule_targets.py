@@ -1,0 +1,77 @@
+"""What schedules start: their targets (a ``@job`` or a ``django.tasks`` task), and the
+schedules in force, from the code and from a run-time schedule's row."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+from .api import start_handler
+from .exceptions import UnknownJobType
+from .models import JobRun
+from .registry import JobHandler, all_handlers
+from .schedules import (
+    Entry,
+    Schedule,
+    Target,
+    entries,
+    idempotency_key,
+    other_target,
+    schedule_input,
+)
+
+
+def find_target(job_type: str, *, importing: bool = False) -> Target | None:
+    """What ``job_type`` names as a schedule's target: a ``@job``, or a task.
+
+    ``importing`` may import a task's module (for names written in settings); a
+    name read from a row is only looked up among the modules already imported.
+    """
+    handler = all_handlers().get(job_type)
+    if handler is not None:
+        return job_target(handler)
+    return other_target(job_type, importing=importing)
+
+
+def job_target(handler: JobHandler) -> Target:
+    """A ``@job`` as a schedule's target: its runs are triggered by the schedule."""
+
+    def start(input: Any, name: str, tick: datetime) -> JobRun:
+        return start_handler(
+            handler,
+            input,
+            trigger=("schedule", name),
+            run_at=tick,
+            idempotency_key=idempotency_key(name, tick),
+        )
+
+    return Target(
+        job_type=handler.job_type,
+        pool=handler.pool,
+        kind="job",
+        check_input=lambda value: schedule_input(value, what="input"),
+        start=start,
+    )
+
+
+def code_entries(pools: list[str] | None) -> list[Entry]:
+    """The schedules declared in code (of jobs in ``pools``, or all)."""
+    return entries(all_handlers(), pools, resolve=lambda name: other_target(name, importing=True))
+
+
+def runtime_entry(row: Mapping[str, Any]) -> Entry:
+    """The schedule a run-time row defines; ``ValueError`` (or ``UnknownJobType``)
+    when its row holds what no schedule can be, or a target this process does not know."""
+    schedule = Schedule(
+        row["cron"], timezone=row["timezone"] or None, missed=row["missed"], input=row["input"]
+    )
+    target = find_target(row["job_type"])
+    if target is None:
+        raise UnknownJobType(
+            f"schedule {row['name']!r} targets {str(row['job_type'])[:200]!r}, which this "
+            "process does not know (a @job type, or a task whose module is imported)"
+        )
+    schedule = replace(schedule, input=target.check_input(schedule.input))
+    return Entry(row["name"], target.job_type, target.pool, schedule, runtime=True)
