@@ -239,6 +239,19 @@ def test_a_changed_cron_or_zone_counts_its_ticks_from_the_change(
     assert run.run_at == row.next_tick
 
 
+def test_a_cron_changed_before_the_first_tick_counts_from_the_change(declare: Declare) -> None:
+    # last_tick is still NULL: MySQL's GREATEST of a NULL is NULL, so the new
+    # expression's ticks used to count from the schedule's creation.
+    declare("sched.unfired", Schedule("0 0 1 1 *", timezone="UTC", missed="catch_up"))
+    assert run_schedules(utc(2026, 1, 1, 10)) == []
+    unregister("sched.unfired")
+    declare("sched.unfired", Schedule("0 * * * *", timezone="UTC", missed="catch_up"))
+    assert run_schedules(utc(2026, 1, 1, 15, 30)) == []
+    assert JobSchedule.objects.get().last_tick == utc(2026, 1, 1, 15, 30)
+    (run,) = run_schedules(utc(2026, 1, 1, 16, 0, 5))
+    assert run.run_at == utc(2026, 1, 1, 16)
+
+
 def test_a_changed_policy_keeps_the_missed_ticks(declare: Declare) -> None:
     declare("sched.policy", Schedule("0 * * * *", timezone="UTC"))
     seed("sched.policy", utc(2026, 1, 1))
