@@ -13,6 +13,7 @@ from typing import Any
 from django import forms
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.utils.text import capfirst
 from django.utils.translation import gettext_lazy as _
 
 from ..exceptions import InvalidSchedule
@@ -89,9 +90,10 @@ class ScheduleForm(forms.ModelForm):  # type: ignore[type-arg]
         super().__init__(*args, **kwargs)
         # The admin lists the fields this form edits; declared fields are always
         # there otherwise, and a missing one would clear its value.
-        for name in list(self.fields):
+        for name, field in list(self.fields.items()):
             if name not in (self._meta.fields or ()):
                 del self.fields[name]
+            field.label = capfirst(field.label)  # as Django labels a model's fields
         if self.instance._state.adding and "timezone" in self.fields:
             self.fields["timezone"].initial = settings.TIME_ZONE or "UTC"
         self.definition: Definition | None = None

@@ -306,11 +306,15 @@ def test_the_schedules_pages(client: Client) -> None:
     listed = page(client, reverse("admin:django_jobs_jobschedule_changelist"))
     assert_french(
         listed,
-        ["Planifications de tâches", "Fuseau horaire", "Dernier déclenchement", "Déclarée"],
-        ["Job schedules", "Timezone", "Last tick", "Next tick", "Overdue", "Declared"],
+        ["Planifications de tâches", "Fuseau horaire", "Dernier déclenchement", "Origine"],
+        ["Job schedules", "Timezone", "Last tick", "Next tick", "Source", "Declared"],
     )
     shown = page(client, reverse("admin:django_jobs_jobschedule_change", args=[schedule.pk]))
-    assert_french(shown, ["Date de création", "Déclarée"], ["Created at", "Declared"])
+    assert_french(
+        shown, ["Date de création", "Origine", "code, plus déclarée"], ["Created at", "Source"]
+    )
+    added = page(client, reverse("admin:django_jobs_jobschedule_add"))
+    assert_french(added, ["Type de tâche", "En pause", "Cinq champs"], ["Job type", "Paused"])
 
 
 def test_english_stays_the_default(client: Client) -> None:
