@@ -375,10 +375,14 @@ def test_an_async_child_on_the_event_loop_is_a_child_of_its_parents_attempt(
     start("tests.async_parent", {"n": 1})
     worker = JobWorker(["default"], concurrency=1, burst=True, poll_interval=0.05)
     assert worker.run() == EXIT_OK
-    first, resumed = attempts(spans, "tests.async_parent")
+    # One attempt, or two when the parent waited for its child and resumed:
+    # whether the child finished before the wait is the threads' race.
+    parents = attempts(spans, "tests.async_parent")
+    assert len(parents) in (1, 2)
+    first = parents[0]
     (child_span,) = attempts(spans, "tests.async_echo")
-    assert_child_of(first, request_span.get_span_context())
-    assert_child_of(resumed, request_span.get_span_context())
+    for parent in parents:
+        assert_child_of(parent, request_span.get_span_context())
     assert first.context is not None
     assert_child_of(child_span, first.context)
 
