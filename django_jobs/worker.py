@@ -125,7 +125,8 @@ class JobWorker:
             job_type for job_type, handler in all_handlers().items() if handler.is_async
         )
         self._event_loop: EventLoop | None = None  # started by the first async run
-        # The rate limits of this worker's pools and of their jobs, enforced at claim.
+        # The rate limits enforced at claim: every registered job's, and this
+        # worker's pools' own.
         self.limits = ratelimits.in_force(all_handlers(), self.pools)
         # Per kind of slot, THREADS and LOOP: whether its next claim may find runs
         # its last one did not (a notification, a run of its kind finished), whether
@@ -500,11 +501,13 @@ class JobWorker:
                 # Done, unless a run finished (a retry, a wake-up) or a completion
                 # landed since the claim began.
                 done = self._completer.writes == writes and self.finished == finished
-            if done and self.limits:
-                done = self._quietly(limited_runs.any_due, self.limits, self.pools) is False
-            if not done:
+            if (
+                done
+                and self.limits
+                and self._quietly(limited_runs.any_due, self.limits, self.pools) is not False
+            ):
                 # Due runs wait for a rate limit's window (or it could not be
-                # told): they are work to do.
+                # told): they are work to do, once it opens.
                 self.stopping.wait(self._idle_wait())
                 self._recheck[THREADS] = self._recheck[LOOP] = True
                 return False
