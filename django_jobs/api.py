@@ -323,12 +323,11 @@ def _attach(run: JobRun, parent: JobRun | int) -> None:
     if not isinstance(parent, JobRun):
         if isinstance(parent, bool) or not isinstance(parent, int):
             raise RunNotFound(f"run ids are integers, got {parent!r}")
-        found = (
-            JobRun.objects.using(conf.get().DATABASE)
-            .only("id", "root_id", "tenant_id")
-            .filter(pk=parent)
-            .first()
-        )
+        query = JobRun.objects.using(conf.get().DATABASE).only("id", "root_id", "tenant_id")
+        if run.tenant_id is not None:
+            # In the statement: another tenant's parent is not read, as a missing one.
+            query = query.filter(tenant_id=run.tenant_id)
+        found = query.filter(pk=parent).first()
         if found is None:
             raise RunNotFound(f"no run with id {parent}")
         parent = found

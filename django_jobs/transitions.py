@@ -129,17 +129,25 @@ def lock_run(run_id: int, tenant_id: str | None = None, *, parent_first: bool = 
     """Return run ``run_id`` locked for update, within ``tenant_id`` when given.
 
     With ``parent_first``, the run's parent is locked before the run, for
-    changes that may wake it. Another tenant's run reads like a missing one.
+    changes that may wake it. Another tenant's run reads like a missing one,
+    and costs what a missing one costs: the tenant is a condition of the
+    statement that finds the run, so another tenant's row is neither locked
+    nor read, and only the columns a transition decides on are loaded (never
+    a payload).
     """
     if isinstance(run_id, bool) or not isinstance(run_id, int):
         raise RunNotFound(f"run ids are integers, got {run_id!r}")
+    found = runs().filter(pk=run_id)
+    if tenant_id is not None:
+        found = found.filter(tenant_id=tenant_id)
     if parent_first:
-        lock_parent(runs().filter(pk=run_id).values_list("parent_id", flat=True).first())
-    run: JobRun | None = runs().select_for_update().filter(pk=run_id).first()
+        # None for a run without a parent and for a missing one alike.
+        lock_parent(found.values_list("parent_id", flat=True).first())
+    run: JobRun | None = (
+        found.select_for_update().only("id", "status", "pool", "parent_id", "tenant_id").first()
+    )
     if run is None:
-        raise RunNotFound(f"no run with id {run_id}")
-    if tenant_id is not None and run.tenant_id != tenant_id:
-        # The same answer as a missing run: a caller learns nothing of other tenants.
+        # The same answer whether the run is missing or another tenant's.
         raise RunNotFound(f"no run with id {run_id}")
     return run
 
@@ -371,8 +379,9 @@ def retry(run_id: int, *, reset_steps: bool, tenant_id: str | None) -> JobRun:
         if reset_steps:
             JobStep.objects.using(using).filter(run_id=run.pk).delete()
         notify_pools([run.pool])
-    run.refresh_from_db(using=using)
-    return run
+    # The whole row, now that it is known to be the caller's (lock_run loaded a few columns).
+    retried: JobRun = runs().get(pk=run.pk)
+    return retried
 
 
 # --- waiting and waking ----------------------------------------------------------------
