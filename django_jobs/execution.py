@@ -36,8 +36,9 @@ from django.utils import timezone
 from . import signals, tracing, transitions
 from .attempt import Attempt
 from .context import JobContext, LeaseLost, Suspended
-from .errors import error_record, message_of, safely, storable, type_name
+from .errors import MAX_ERROR_MESSAGE, clip, error_record, message_of, safely, storable, type_name
 from .exceptions import InvalidJobInput, JobCanceled, JobTimeout, RetryAfter, UnknownJobType
+from .logstream import SafeTracebacks
 from .models import JobRun, Status
 from .payloads import normalize
 from .registry import JobHandler, get_handler
@@ -49,6 +50,9 @@ if TYPE_CHECKING:
     from .completer import Completer
 
 logger = logging.getLogger(__name__)
+# This logger's records carry handlers' exceptions: whatever formats them, their
+# tracebacks add no line to a log and are bounded as stored errors are.
+logger.addFilter(SafeTracebacks())
 
 
 class Outcome(StrEnum):
@@ -558,7 +562,7 @@ def log_outcome(
             "next_attempt=%s",
             *args,
             type_name(error),
-            message_of(error),
+            clip(message_of(error), MAX_ERROR_MESSAGE),  # as the stored error is cut
             next_attempt,
             exc_info=error,
         )

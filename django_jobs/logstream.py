@@ -11,11 +11,30 @@ does not configure the ``django_jobs`` logger or the root logger.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
+import traceback
+from collections.abc import Iterator
 from typing import TextIO
 
+from .errors import MAX_ERROR_MESSAGE, MAX_TRACEBACK, clip, safely
 from .payloads import terminal_safe
+
+# The most characters of one record's own line (its message, escaped): a run's
+# error message is stored cut at MAX_ERROR_MESSAGE, and its log line is cut alike.
+MAX_LINE = 2 * MAX_ERROR_MESSAGE
+
+# The lines of a Python traceback that start at the margin; any other line of a
+# record's traceback that does (a message's own line break, a SyntaxError's
+# text) is indented, so that it cannot read like a record of its own. A record
+# starts with its time, a digit; none of these can.
+_MARGIN_LINES = re.compile(
+    r"Traceback \(most recent call last\):"
+    r"|During handling of the above exception, another exception occurred:"
+    r"|The above exception was the direct cause of the following exception:"
+    r"|[A-Za-z_][\w.]*(: .*)?"
+)
 
 
 class LineFormatter(logging.Formatter):
@@ -38,13 +57,89 @@ class LineFormatter(logging.Formatter):
             self._second = second
         return f"{self._stamp},{int(record.msecs):03d}"
 
+    def format(self, record: logging.LogRecord) -> str:
+        # A traceback another formatter wrote first (and left on the record) is
+        # not reused: it may hold the line breaks this one escapes.
+        if record.exc_info:
+            record.exc_text = None
+        return super().format(record)
+
     def formatMessage(self, record: logging.LogRecord) -> str:
-        return terminal_safe(super().formatMessage(record))
+        return one_line(super().formatMessage(record), MAX_LINE)
 
     def formatException(self, ei: logging._SysExcInfoType) -> str:
-        # A traceback's own line breaks stay; each of its lines is escaped.
-        lines = super().formatException(ei).split("\n")
-        return "\n".join(terminal_safe(line) for line in lines)
+        return exception_text(ei)
+
+
+class SafeTracebacks(logging.Filter):
+    """Give each record with an exception the traceback ``exception_text`` writes.
+
+    On a logger whose records carry a handler's exception (the run outcomes'):
+    a ``logging.Formatter`` of the project's own ``LOGGING`` then writes that
+    traceback too (it writes ``record.exc_text`` when set), so a run's exception
+    message adds no line to any log made of formatted text. ``exc_info`` stays,
+    for the error trackers that read the exception itself.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None and not record.exc_text:
+            record.exc_text = exception_text(record.exc_info)
+        return True
+
+
+def one_line(text: str, limit: int) -> str:
+    """``text`` as one line of at most about ``limit`` characters, control
+    characters (line breaks included) written as escapes."""
+    text = terminal_safe(text[: limit + 1])
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit - 40]} … [cut at {limit:,} characters]"
+
+
+def exception_text(ei: logging._SysExcInfoType) -> str:
+    """The traceback of ``ei`` as lines a log may hold: bounded, escaped, and with
+    no line that could be taken for a record.
+
+    Every message of the exception's chain (its notes, a SyntaxError's text) is
+    written on its own line, its line breaks escaped and its length cut at
+    ``MAX_ERROR_MESSAGE``, as in the stored error; the whole is cut at
+    ``MAX_TRACEBACK``, keeping both ends, as the stored traceback is.
+    """
+    kind, error, trace = ei
+    text = "".join(traceback.format_exception(kind, error, trace))
+    if error is not None:
+        for message in sorted(set(_messages(error)), key=len, reverse=True):
+            text = text.replace(message, one_line(message, MAX_ERROR_MESSAGE))
+    text = clip(text.rstrip("\n"), MAX_TRACEBACK, tail=MAX_TRACEBACK * 4 // 5)
+    lines = text.split("\n")
+    return "\n".join(
+        terminal_safe(
+            line
+            if not line or line[0].isspace() or _MARGIN_LINES.fullmatch(line)
+            else f"    {line}"
+        )
+        for line in lines
+    )
+
+
+def _messages(error: BaseException) -> Iterator[str]:
+    """The texts an exception's traceback quotes from its exceptions (messages,
+    notes, a SyntaxError's line), down its chain and groups, when they are long
+    or span lines: what a caller's data may fill."""
+    seen: set[int] = set()
+    todo = [error]
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        texts = [safely(lambda e=current: str(e), type(current))]  # type: ignore[misc]
+        texts += [n for n in getattr(current, "__notes__", None) or () if isinstance(n, str)]
+        if isinstance(current, SyntaxError):
+            texts += [t for t in (current.text, current.filename) if isinstance(t, str)]
+        yield from (t for t in texts if "\n" in t or "\r" in t or len(t) > MAX_ERROR_MESSAGE)
+        todo += [e for e in (current.__cause__, current.__context__) if e is not None]
+        todo += [e for e in getattr(current, "exceptions", ()) if isinstance(e, BaseException)]
 
 
 class BurstHandler(logging.Handler):

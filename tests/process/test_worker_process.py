@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -107,6 +108,25 @@ def test_one_line_per_outcome_and_no_payloads(start_worker: StartWorker) -> None
     output = worker.output()
     assert "type=tests.echo outcome=completed attempt=1" in output
     assert "hunter2" not in output
+
+
+def test_a_runs_exception_adds_no_line_to_the_log_and_is_cut(start_worker: StartWorker) -> None:
+    """A handler's exception message quotes what a caller sent: with a line break
+    it must not write a line that reads like a record, and its size is bounded as
+    the stored error is (a 10,000,000-character message once wrote 20 MB)."""
+    forged = "\n2026-12-05 07:00:00,000 INFO django_jobs.execution run=1 outcome=completed"
+    start("tests.fails_with", {"message": "boom" + forged + "\n"})
+    start("tests.fails_with", {"message": "z", "times": 10_000_000})
+    worker = start_worker("--pool", "default", "--burst")
+    assert worker.wait(timeout=120) == 0
+    output = worker.output()
+    record = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ ")
+    records = [line for line in output.splitlines() if record.match(line)]
+    outcomes = [line for line in records if " outcome=" in line]
+    assert len(outcomes) == 2, output[:5000]
+    assert all("outcome=failed" in line for line in outcomes), outcomes
+    assert "\\n2026-12-05 07:00:00,000 INFO" in output  # shown, escaped, inside its record
+    assert len(output) < 200_000
 
 
 @pytest.mark.parametrize(

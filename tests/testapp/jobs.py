@@ -287,6 +287,13 @@ def loud_failure(ctx: JobContext) -> None:
     raise ValueError("x" * ctx.input["size"])
 
 
+@job("tests.fails_with")
+def fails_with(ctx: JobContext) -> None:
+    """Fails with ``input["message"]`` repeated ``input["times"]`` times, as a handler
+    quoting what a caller sent (an e-mail address, an API's answer) might."""
+    raise ValueError(ctx.input["message"] * ctx.input.get("times", 1))
+
+
 # --- async def handlers (docs/async.md): the same semantics on the worker's event loop ---
 
 

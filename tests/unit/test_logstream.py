@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 import time
+from collections.abc import Callable
 
-from django_jobs.logstream import BurstHandler
+import pytest
+
+from django_jobs.errors import MAX_ERROR_MESSAGE, MAX_TRACEBACK
+from django_jobs.logstream import MAX_LINE, BurstHandler, SafeTracebacks
 
 
 def make_logger(handler: logging.Handler) -> logging.Logger:
@@ -50,3 +55,109 @@ def test_close_writes_what_is_kept() -> None:
     make_logger(handler).info("last words")
     handler.close()
     assert stream.getvalue().endswith("last words\n")
+
+
+# --- what a run's exception can put in the log ------------------------------------
+
+RECORD = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ ")
+FORGED = "\n2026-12-05 07:00:00,000 INFO django_jobs.execution run=9 outcome=completed\n"
+
+
+def logged(error: BaseException, formatter: logging.Formatter | None = None) -> str:
+    """What the worker's handler (or a plain one with ``formatter``) writes for a
+    failure logged as the run outcomes are, with ``exc_info``."""
+    stream = io.StringIO()
+    handler: logging.Handler
+    if formatter is None:
+        handler = BurstHandler(stream, flush_after=60)
+    else:
+        handler = logging.StreamHandler(stream)
+        handler.setFormatter(formatter)
+    log = make_logger(handler)
+    if formatter is not None:
+        log.addFilter(SafeTracebacks())
+    log.error("run=%s outcome=failed message=%r", 7, str(error), exc_info=error)
+    handler.close()
+    return stream.getvalue()
+
+
+def records(text: str) -> list[str]:
+    return [line for line in text.splitlines() if RECORD.match(line)]
+
+
+def raised(error: BaseException) -> BaseException:
+    try:
+        raise error
+    except BaseException as caught:
+        return caught
+
+
+def chained() -> BaseException:
+    try:
+        try:
+            raise KeyError("inner" + FORGED)
+        except KeyError as inner:
+            raise RuntimeError("outer" + FORGED) from inner
+    except RuntimeError as outer:
+        return outer
+
+
+def noted() -> BaseException:
+    error = ValueError("with a note")
+    error.add_note("note" + FORGED)
+    return raised(error)
+
+
+def syntax() -> BaseException:
+    return raised(SyntaxError("bad input", ("form.py", 1, 1, "line" + FORGED, 1, 2)))
+
+
+def grouped() -> BaseException:
+    return raised(ExceptionGroup("several" + FORGED, [ValueError("member" + FORGED)]))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda: raised(ValueError("boom" + FORGED)), chained, noted, syntax, grouped],
+    ids=["message", "chain", "note", "syntax error", "group"],
+)
+@pytest.mark.parametrize("handler", ["worker's own", "a plain Formatter"])
+def test_an_exception_message_adds_no_line_that_reads_like_a_record(
+    make: Callable[[], BaseException], handler: str
+) -> None:
+    formatter = (
+        None
+        if handler == "worker's own"
+        else logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s")
+    )
+    text = logged(make(), formatter)
+    assert len(records(text)) == 1, text
+    assert "Traceback (most recent call last):" in text
+    # The forged line is still there to read, escaped inside its record.
+    assert "\\n2026-12-05 07:00:00,000 INFO" in text
+
+
+def test_a_huge_message_is_cut_in_the_line_and_in_the_traceback() -> None:
+    text = logged(raised(ValueError("y" * 10_000_000)))
+    assert len(text) < 3 * MAX_ERROR_MESSAGE + MAX_TRACEBACK
+    assert len(records(text)) == 1
+    assert "characters" in records(text)[0]  # says it was cut
+    assert text.count("y") > MAX_ERROR_MESSAGE // 2  # the start of it is there
+
+
+def test_a_long_traceback_keeps_both_ends() -> None:
+    def deep(n: int) -> None:
+        if n == 0:
+            raise ValueError("the failing line")
+        deep(n - 1)
+
+    error = None
+    try:
+        deep(900)
+    except ValueError as caught:
+        error = caught
+    assert error is not None
+    text = logged(error)
+    assert len(text) < MAX_LINE + MAX_TRACEBACK + 500
+    assert "Traceback (most recent call last):" in text
+    assert text.rstrip().endswith("ValueError: the failing line")
