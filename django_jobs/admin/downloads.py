@@ -17,6 +17,7 @@ from django.urls import URLPattern, path, reverse
 
 from .. import conf
 from ..models import JobRun, JobStep
+from .params import an_id
 
 RUN_FIELDS = ("input", "output", "error")
 STEP_FIELDS = ("output", "error")
@@ -57,7 +58,7 @@ class DownloadsMixin:
         self, request: HttpRequest, object_id: str, step: int, field: str
     ) -> HttpResponse:
         run_id = self._viewable_run(request, object_id, field, STEP_FIELDS)
-        if not _an_id(str(step)):
+        if not an_id(str(step)):
             raise Http404("no such step")
         values = (
             JobStep.objects.using(conf.get().DATABASE)
@@ -75,14 +76,9 @@ class DownloadsMixin:
         finds the run, or answers 404)."""
         if not self.has_view_permission(request):  # type: ignore[attr-defined]
             raise PermissionDenied
-        if field not in fields or not _an_id(object_id):
+        if field not in fields or not an_id(object_id):
             raise Http404("no such value")
         return int(object_id)
-
-
-def _an_id(text: str) -> bool:
-    """Whether ``text`` is a row id: digits, and few enough for a bigint."""
-    return text.isascii() and text.isdigit() and len(text) <= 18
 
 
 def _attachment(value: Any, filename: str) -> HttpResponse:

@@ -12,7 +12,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import BadRequest, PermissionDenied
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
@@ -25,6 +25,7 @@ from django.utils.translation import gettext_lazy as _
 from .. import api
 from ..exceptions import JobsError
 from ..models import UNSUCCESSFUL_STATUSES, JobRun, Status
+from .params import an_id
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,13 @@ class OperationsMixin:
 
     # --- bulk actions -------------------------------------------------------------
 
+    def response_action(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> Any:
+        # The list posts the ticked runs' ids; anything else is a crafted request,
+        # which Django's own filter on them would answer with a server error.
+        if not all(an_id(pk) for pk in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)):
+            raise BadRequest("a selected run is not a run id")
+        return super().response_action(request, queryset)  # type: ignore[misc]
+
     @admin.action(permissions=["retry"], description=_("Retry selected runs"))
     def retry_runs(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> HttpResponse | None:
         return self._bulk(request, queryset, OPERATIONS["retry"])
@@ -168,7 +176,7 @@ class OperationsMixin:
         def view(request: HttpRequest, object_id: str) -> HttpResponse:
             if not self._has(request, op.permission) or not self._has(request, "view"):
                 raise PermissionDenied
-            if not object_id.isascii() or not object_id.isdigit():
+            if not an_id(object_id):
                 raise Http404("no such run")
             queryset = self.get_queryset(request)  # type: ignore[attr-defined]
             run = get_object_or_404(queryset, pk=int(object_id))

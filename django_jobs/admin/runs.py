@@ -26,6 +26,7 @@ from .display import EMPTY
 from .downloads import DownloadsMixin
 from .labels import FieldLabels
 from .operations import OperationsMixin
+from .params import CheckedChangeList, an_id
 from .pools import PoolsPageMixin
 from .summary import RunSummaryMixin
 from .timeline import StepTimelineMixin
@@ -108,6 +109,7 @@ class JobRunAdmin(  # type: ignore[misc]
     DownloadsMixin,
     PoolsPageMixin,
     OperationsMixin,
+    CheckedChangeList,
     FieldLabels,
     admin.ModelAdmin,  # type: ignore[type-arg]
 ):
@@ -239,7 +241,7 @@ class JobRunAdmin(  # type: ignore[misc]
 
     def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
         queryset = self.get_queryset(request).select_related("parent", "root", "claimed_by")
-        if not (object_id.isascii() and object_id.isdigit() and len(object_id) <= 18):
+        if not an_id(object_id):
             return None
         try:
             run = queryset.get(pk=int(object_id))
@@ -257,6 +259,10 @@ class JobRunAdmin(  # type: ignore[misc]
         term = search_term.strip()
         if not term:
             return queryset, False
+        if "\0" in term:
+            # No run holds a NUL (PostgreSQL cannot even compare one): Django's
+            # autocomplete view searches with this method too, unchecked.
+            return queryset.none(), False
         # Each shape of term gets one cheap lookup, not an OR that scans the table.
         if term.isascii() and term.isdigit() and len(term) < 19:
             return queryset.filter(pk=int(term)), False

@@ -18,9 +18,10 @@ from ..models import JobRun, Status, Worker, WorkerStatus
 from . import display
 from .display import EMPTY
 from .labels import FieldLabels
+from .params import CheckedChangeList
 
 
-class WorkerAdmin(FieldLabels, admin.ModelAdmin):  # type: ignore[type-arg]
+class WorkerAdmin(CheckedChangeList, FieldLabels, admin.ModelAdmin):  # type: ignore[type-arg]
     field_labels = {
         "id": _("id"),
         "hostname": _("host name"),
