@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
+from importlib import import_module
 from inspect import iscoroutinefunction
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,7 @@ from django.utils.module_loading import import_string
 from . import api, conf
 from .backoff import NO_RETRY, RetryPolicy
 from .exceptions import InvalidJobInput, never_retried
+from .logstream import SafeTracebacks
 from .models import FINISHED_STATUSES, JobRun, Status
 from .payloads import normalize
 from .pools import pool_problem
@@ -58,6 +60,11 @@ from .tasks_compat import (
 )
 
 logger = logging.getLogger(__name__)
+# Django's tasks framework logs each failed task with its traceback (its own
+# task_finished receiver): a task's exception message adds no line to the log
+# there either, whatever handler writes it (Django 6's logger, the backport's).
+for _name in ("django.tasks", "django_tasks"):
+    logging.getLogger(_name).addFilter(SafeTracebacks())
 
 # JobRun.trigger_source of the runs this backend enqueues; trigger_ref is the alias.
 TASK_SOURCE = "task"
@@ -171,7 +178,9 @@ class JobsBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
         return result
 
     def _task_of(self, run: JobRun) -> AnyTask:
-        task = _import_task(run.job_type)
+        # The row names the task: found as a worker finds it, never by importing
+        # a module outside the installed apps.
+        task = task_at(run.job_type, importing=True)
         if task is None:
             raise ImproperlyConfigured(
                 f"run {run.pk} is a task run, but {run.job_type!r} is no longer a task"
@@ -374,19 +383,41 @@ def resolve_task(job_type: str) -> JobHandler | None:
     """The handler of a task named by its module path, when a JobsBackend is configured.
 
     A worker imports the task's module the first time it meets one of its runs,
-    as Django's own task pickling does. The path comes from a row, so it is
-    checked before anything is imported: ``TASKS`` must use a JobsBackend, and
-    the module must belong to an installed app or be imported already (a
-    forged ``this.s`` imports nothing). After the import, the path must name a
-    ``Task`` by its own path.
+    as Django's own task pickling does; the path comes from a row, so it is
+    found through ``task_at``'s guard.
     """
-    if "." not in job_type or not configured():
+    if not configured():
         return None
-    module = job_type.rpartition(".")[0]
-    if module not in sys.modules and not _in_installed_app(module):
-        return None
-    task = _import_task(job_type)
+    task = task_at(job_type, importing=True)
     return None if task is None else handler_for(task)
+
+
+def task_at(path: str, *, importing: bool) -> AnyTask | None:
+    """The ``Task`` a stored name designates, or None: the one guard for every name
+    read from a row (a run's job type, a schedule's target) or from settings.
+
+    Nothing outside the installed apps is imported: a module is imported only
+    when ``importing`` and it belongs to an installed app's package; otherwise
+    it must be imported already. The task is read from the module's own
+    ``__dict__``, never through attribute access, which a module's
+    ``__getattr__`` may turn into an import. It must be a ``Task`` defined at
+    that very path (a forged ``os.system`` or ``django_jobs.testing`` finds none).
+    """
+    module_name, _, name = path.rpartition(".") if isinstance(path, str) else ("", "", "")
+    if not name.isidentifier() or not all(p.isidentifier() for p in module_name.split(".")):
+        return None
+    module = sys.modules.get(module_name)
+    if module is None:
+        if not importing or not _in_installed_app(module_name):
+            return None
+        try:
+            module = import_module(module_name)
+        except ImportError:
+            return None
+    task = vars(module).get(name)
+    if not isinstance(task, Task) or task.module_path != path:
+        return None
+    return task
 
 
 def _in_installed_app(module: str) -> bool:
@@ -394,16 +425,6 @@ def _in_installed_app(module: str) -> bool:
         module == config.name or module.startswith(config.name + ".")
         for config in apps.get_app_configs()
     )
-
-
-def _import_task(path: str) -> AnyTask | None:
-    try:
-        task = import_string(path)
-    except ImportError:
-        return None
-    if not isinstance(task, Task) or task.module_path != path:
-        return None
-    return task
 
 
 # --- schedules of tasks -------------------------------------------------------------
@@ -420,7 +441,7 @@ def schedule_target(path: str, importing: bool) -> Target | None:
     """
     if "." not in path or not configured():
         return None
-    task = _import_task_guarded(path) if importing else _imported_task(path)
+    task = task_at(path, importing=importing)
     if task is None:
         return None
     try:
@@ -436,24 +457,6 @@ def schedule_target(path: str, importing: bool) -> Target | None:
         check_input=partial(scheduled_arguments, task),
         start=partial(backend.start_scheduled, task),
     )
-
-
-def _import_task_guarded(path: str) -> AnyTask | None:
-    module = path.rpartition(".")[0]
-    if module not in sys.modules and not _in_installed_app(module):
-        return None
-    return _import_task(path)
-
-
-def _imported_task(path: str) -> AnyTask | None:
-    """The task at ``path`` if its module is imported; nothing is imported or run
-    (the module's own ``__dict__`` is read, not its ``__getattr__``)."""
-    module_name, _, name = path.rpartition(".")
-    module = sys.modules.get(module_name)
-    task = None if module is None else vars(module).get(name)
-    if not isinstance(task, Task) or task.module_path != path:
-        return None
-    return task
 
 
 def scheduled_arguments(task: AnyTask, value: Any) -> dict[str, Any]:

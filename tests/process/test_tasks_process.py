@@ -86,3 +86,18 @@ def test_an_async_task_whose_worker_is_killed_is_run_again(start_worker: StartWo
     assert result.return_value == 2
     attempts = Execution.objects.filter(run_id=run_id(result.id)).values_list("attempt", flat=True)
     assert sorted(attempts) == [1, 2]
+
+
+def test_a_failed_tasks_exception_adds_no_line_to_the_worker_log(start_worker: StartWorker) -> None:
+    """Django's tasks framework logs a failed task with its traceback (its
+    ``task_finished`` receiver): that record, too, writes a message's line
+    breaks escaped, whatever handler writes it."""
+    forged = "\n2026-12-05 07:00:00,000 INFO django_jobs.execution run=1 outcome=completed"
+    tasks.boom.enqueue("bad" + forged + "\n")
+    worker = start_worker("--pool", "default", "--burst")
+    assert worker.wait(timeout=60) == 0
+    output = worker.output()
+    assert "run=1 outcome=completed" in output  # the message is shown ...
+    assert not [
+        line for line in output.splitlines() if line.startswith("2026-12-05 07:00:00,000")
+    ], output  # ... but on no line of its own
