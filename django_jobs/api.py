@@ -28,6 +28,10 @@ PRIORITY_MIN = -32768
 PRIORITY_MAX = 32767
 MAX_TAGS = 50  # each at most 100 characters: tags are for finding runs, not for data
 MAX_REASON = 1000  # characters of a cancel reason
+# The idempotency keys of the runs schedules start (``schedule:<name>:<instant>``)
+# are a namespace of their own: a caller that could create a tick's run first
+# would have the scheduler adopt it, and the schedule's own input never run.
+SCHEDULE_KEY_PREFIX = "schedule:"
 
 
 def start(
@@ -65,14 +69,21 @@ def start(
 
 
 def start_handler(
-    handler: JobHandler, input: Any, *, trigger: tuple[str, str] | None = None, **options: Any
+    handler: JobHandler,
+    input: Any,
+    *,
+    trigger: tuple[str, str] | None = None,
+    scheduled: bool = False,
+    **options: Any,
 ) -> JobRun:
     """``start()`` for a handler in hand (the tasks backend's, which ``@job`` did not register).
 
-    ``trigger`` is the run's ``(trigger_source, trigger_ref)``, ``("api", "")`` by default.
+    ``trigger`` is the run's ``(trigger_source, trigger_ref)``, ``("api", "")`` by
+    default. Only the scheduler passes ``scheduled``: its runs' idempotency keys
+    are in the namespace callers' keys are refused from.
     """
     _refuse_event_loop("start")
-    run = _build(handler, input, **options)
+    run = _build(handler, input, scheduled=scheduled, **options)
     if trigger is not None:
         run.trigger_source, run.trigger_ref = trigger
     using = conf.get().DATABASE
@@ -171,6 +182,8 @@ def start_child(
     ``trace_context`` is the handler's, captured where its span is current (an
     async handler's step runs on a database thread, outside it).
     """
+    if "scheduled" in options:
+        raise TypeError("spawn_child() got an unexpected keyword argument 'scheduled'")
     run = _build(get_handler(job_type), input, parent=parent, **options)
     run.close_policy = close_policy
     run.trace_context = trace_context
@@ -293,6 +306,7 @@ def _template(
     tags: Sequence[str] = (),
     tenant_id: str | None = None,
     parent: JobRun | int | None = None,
+    scheduled: bool = False,
 ) -> JobRun:
     """Validate the options of a run and return it unsaved, without input or key yet."""
     run = JobRun(
@@ -300,7 +314,7 @@ def _template(
         pool=_pool(handler.pool if pool is None else pool),
         priority=_priority(handler.priority if priority is None else priority),
         max_attempts=handler.retry.attempts,
-        idempotency_key=_text("idempotency_key", idempotency_key, 255),
+        idempotency_key=_idempotency_key(idempotency_key, scheduled),
         tags=_tags(tags),
         tenant_id=_text("tenant_id", tenant_id, 100),
         # Once per call: start_many's runs share their starter's context.
@@ -385,6 +399,16 @@ def _text(name: str, value: Any, max_length: int, *, required: bool = False) -> 
     if "\x00" in value:
         raise InvalidJobInput(f"{name} contains a NUL character")
     return value
+
+
+def _idempotency_key(value: Any, scheduled: bool) -> str | None:
+    key = _text("idempotency_key", value, 255)
+    if key is not None and key.startswith(SCHEDULE_KEY_PREFIX) and not scheduled:
+        raise InvalidJobInput(
+            f"idempotency keys starting with {SCHEDULE_KEY_PREFIX!r} are reserved for the "
+            "runs schedules start; choose another prefix"
+        )
+    return key
 
 
 def _pool(value: Any) -> str:

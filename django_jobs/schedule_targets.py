@@ -45,6 +45,7 @@ def job_target(handler: JobHandler) -> Target:
             trigger=("schedule", name),
             run_at=tick,
             idempotency_key=idempotency_key(name, tick),
+            scheduled=True,
         )
 
     return Target(

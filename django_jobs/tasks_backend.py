@@ -131,7 +131,8 @@ class JobsBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
         ``enqueue()`` makes one, its input ``{"args": [...], "kwargs": {...}}``."""
         self.validate_task(task)
         data = scheduled_arguments(task, data)
-        run = self._start(task, data, run_at=tick, idempotency_key=idempotency_key(name, tick))
+        key = idempotency_key(name, tick)
+        run = self._start(task, data, run_at=tick, idempotency_key=key, scheduled=True)
         task_enqueued.send(type(self), task_result=self.result_of(run))
         return run
 
