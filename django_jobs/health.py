@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
 from django.db import connections
 from django.db.migrations.executor import MigrationExecutor
@@ -20,6 +19,7 @@ from django.db.models.functions import Now
 
 from . import conf
 from .models import Worker, WorkerStatus
+from .snapshot import POOLS_TEXT, pool_names, read_stored, text_of
 
 # Heartbeats a worker may miss before a probe calls it dead: one late beat (a
 # busy control connection delays it by up to half an interval) is not a death.
@@ -67,21 +67,25 @@ def newest_beat(hostname: str, *, pid: int | None = None, pools: Sequence[str] =
     if pid is not None:
         rows = rows.filter(pid=pid)
     since = ExpressionWrapper(Now() - F("heartbeat_at"), output_field=DurationField())
+    # The pools are read as text: a row whose JSON cannot be read is passed over
+    # (and logged), not the probe's end.
+    rows = rows.defer("pools").annotate(
+        heartbeat_age=since, pools_text=text_of("pools", POOLS_TEXT)
+    )
     # A host runs a few workers; its dead ones are marked lost by their peers.
-    for row in rows.annotate(heartbeat_age=since).order_by("-heartbeat_at")[:1000]:
-        if _serves(row.pools, pools):
+    for row in rows.order_by("-heartbeat_at")[:1000]:
+        served = pool_names(read_stored(row.pools_text, f"worker={row.pk} pools", POOLS_TEXT))
+        if isinstance(served, list) and _serves(served, pools):
             return Beat(
                 worker_id=str(row.pk),
                 hostname=row.hostname,
                 pid=row.pid,
-                pools=list(row.pools or []),
+                pools=served,
                 status=row.status,
                 age=max(row.heartbeat_age, timedelta(0)),
             )
     return None
 
 
-def _serves(served: Any, wanted: Sequence[str]) -> bool:
-    if not served:
-        return True
-    return isinstance(served, list) and all(pool in served for pool in wanted)
+def _serves(served: list[str], wanted: Sequence[str]) -> bool:
+    return not served or all(pool in served for pool in wanted)

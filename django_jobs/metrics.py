@@ -70,7 +70,7 @@ class QueueCollector(Collector):
             "django_jobs_queue_up", "1 when the queue's state could be read from the database"
         )
         try:
-            shot = snapshot(window=_WINDOW)
+            shot = snapshot(window=_WINDOW, with_progress=False)
         except DatabaseError:
             logger.warning("metrics: the queue's state could not be read", exc_info=True)
             up.add_metric([], 0)

@@ -6,6 +6,7 @@ import json
 import math
 import re
 import unicodedata
+from dataclasses import dataclass
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
@@ -123,3 +124,47 @@ def printable(text: Any, limit: int = 1000) -> str:
     if not isinstance(text, str):
         return ""
     return "".join(c if c.isprintable() else " " for c in text[:limit])
+
+
+# --- reading back what a row holds (for pages and commands) -------------------------
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """Stands in for a stored JSON value that cannot be read back; says why.
+
+    The database is trusted, yet a row may hold JSON Python cannot load (a
+    number of more than 4,300 digits, nesting past the recursion limit) or, where
+    a CHECK constraint was turned off, text that is not JSON at all. A page or a
+    command shows this mark in its place and goes on with the other rows.
+    """
+
+    problem: str
+
+
+def read_json(text: Any, *, limit: int | None = None) -> Any:
+    """The value of a JSON column read as text (``Cast(column, TextField())``), or an
+    ``Unreadable`` saying why it cannot be: longer than ``limit`` characters (the
+    caller reads at most ``limit + 1``), not JSON, or JSON Python cannot hold.
+    Never raises, whatever the text."""
+    if text is None:
+        return None
+    if isinstance(text, bytes | bytearray):
+        text = bytes(text).decode("utf-8", "replace")
+    if not isinstance(text, str):
+        return Unreadable(f"read as {type(text).__name__}, not text")
+    if limit is not None and len(text) > limit:
+        return Unreadable(f"longer than {limit:,} characters")
+    try:
+        return json.loads(text)
+    except RecursionError:
+        return Unreadable("nested too deeply to read")
+    except json.JSONDecodeError:
+        return Unreadable("not JSON")
+    except ValueError as exc:  # an integer past int_max_str_digits, in Python's words
+        return Unreadable(str(exc).split(";")[0][:200])
+
+
+def cut(text: str, limit: int) -> str:
+    """``text``, or its first ``limit`` characters and an ellipsis when it is longer."""
+    return text if len(text) <= limit else text[:limit] + "…"

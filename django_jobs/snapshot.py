@@ -7,12 +7,23 @@ as with a day of it.
 
 from __future__ import annotations
 
+import logging
+import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Count, DateTimeField, DurationField, ExpressionWrapper, F, Min, Value
-from django.db.models.functions import Now
+from django.db.models import (
+    Count,
+    DateTimeField,
+    DurationField,
+    ExpressionWrapper,
+    F,
+    Min,
+    TextField,
+    Value,
+)
+from django.db.models.functions import Cast, Left, Now
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -26,11 +37,19 @@ from .models import (
     Worker,
     WorkerStatus,
 )
-from .payloads import finite, printable
+from .payloads import Unreadable, cut, finite, printable, read_json
+from .pools import MAX_PAUSE_REASON
 from .registry import all_handlers
 from .storage import ratelimits as limited_runs
 
+logger = logging.getLogger(__name__)
+
 PROGRESS_LIMIT = 50
+# The most characters of a run's progress, or of a worker's pools, read from a
+# row: set_progress() writes a few hundred; past this a value is marked
+# unreadable, never loaded whole.
+PROGRESS_TEXT = 10_000
+POOLS_TEXT = 100_000
 
 
 @dataclass
@@ -69,6 +88,8 @@ class WorkerState:
     heartbeat_age: timedelta
     # Silent for longer than STALE_THRESHOLD: its runs are about to be rescued.
     stale: bool
+    # Why its row's pools could not be read (it then counts for no pool), or None.
+    pools_unreadable: str | None = None
 
 
 @dataclass(frozen=True)
@@ -82,10 +103,12 @@ class RunProgress:
     total: float | None
     message: str
     updated: datetime | None
+    # Why the stored progress could not be read (it then shows as this mark), or None.
+    unreadable: str | None = None
 
     @property
     def percent(self) -> float | None:
-        if not self.total:
+        if not self.total or self.total < 0:
             return None
         return min(100.0, 100.0 * self.done / self.total)
 
@@ -131,6 +154,7 @@ class Snapshot:
                     "status": worker.status,
                     "heartbeat_age_seconds": _seconds(worker.heartbeat_age),
                     "stale": worker.stale,
+                    "pools_unreadable": worker.pools_unreadable,
                 }
                 for worker in self.workers
             ],
@@ -145,6 +169,7 @@ class Snapshot:
                     "total": run.total,
                     "message": run.message,
                     "updated_at": run.updated.isoformat() if run.updated else None,
+                    "unreadable": run.unreadable,
                 }
                 for run in self.progress
             ],
@@ -167,9 +192,15 @@ def _seconds(value: timedelta | None) -> float | None:
 
 
 def snapshot(
-    *, window: timedelta = timedelta(minutes=5), pools: list[str] | None = None
+    *,
+    window: timedelta = timedelta(minutes=5),
+    pools: list[str] | None = None,
+    with_progress: bool = True,
 ) -> Snapshot:
     """Read the queue's state now; ``pools`` limits it to those pools.
+
+    ``with_progress=False`` leaves out the running runs' progress, for readers
+    that do not show it (the pools page, the metrics).
 
     Ages (lag, heartbeats, running time) are measured on the database's clock,
     the one workers write with, so a reading host whose clock is off sees the
@@ -209,7 +240,7 @@ def snapshot(
         window=window,
         pools=[found[name] for name in sorted(found)],
         workers=workers,
-        progress=_progress(runs),
+        progress=_progress(runs) if with_progress else [],
     )
 
 
@@ -223,10 +254,13 @@ def _add_pool_rows(pool: Any, pools: list[str] | None) -> None:
     rows = JobPool.objects.using(conf.get().DATABASE)
     if pools is not None:
         rows = rows.filter(name__in=pools)
-    for row in rows:
-        status = pool(row.name)
-        status.paused_at = row.paused_at
-        status.pause_reason = row.pause_reason
+    # A reason is at most MAX_PAUSE_REASON characters when written through
+    # pause_pool(); a row written otherwise is read, and shown, cut.
+    reasons = rows.values_list("name", "paused_at", Left("pause_reason", MAX_PAUSE_REASON + 1))
+    for name, paused_at, reason in reasons:
+        status = pool(name)
+        status.paused_at = paused_at
+        status.pause_reason = cut(reason or "", MAX_PAUSE_REASON)
 
 
 def _add_rate_limits(pool: Any, pools: list[str] | None) -> None:
@@ -244,38 +278,60 @@ def _workers(pools: list[str] | None) -> list[WorkerState]:
     live = (
         Worker.objects.using(conf.get().DATABASE)
         .filter(status__in=[WorkerStatus.RUNNING, WorkerStatus.STOPPING])
-        .annotate(heartbeat_age=_since(F("heartbeat_at")))
+        .defer("pools")
+        .annotate(heartbeat_age=_since(F("heartbeat_at")), pools_text=text_of("pools", POOLS_TEXT))
     )
     states = []
     for worker in live.order_by("hostname", "pid", "started_at"):
-        if pools is not None and worker.pools and not set(worker.pools) & set(pools):
+        served = pool_names(read_stored(worker.pools_text, f"worker={worker.pk} pools", POOLS_TEXT))
+        names = served if isinstance(served, list) else []
+        # One whose pools cannot be read is shown whatever the filter, marked.
+        if pools is not None and names and not set(names) & set(pools):
             continue
         age = max(worker.heartbeat_age, timedelta(0))
         states.append(
             WorkerState(
                 id=str(worker.pk),
                 name=str(worker),
-                pools=list(worker.pools or []),
+                pools=names,
                 concurrency=worker.concurrency,
                 status=worker.status,
                 heartbeat_age=age,
                 stale=age > stale_after,
+                pools_unreadable=served.problem if isinstance(served, Unreadable) else None,
             )
         )
     return states
+
+
+def pool_names(value: Any) -> list[str] | Unreadable:
+    """The pools a worker row says it serves (``Worker.pools`` as read): its
+    strings; an ``Unreadable`` as it is. ``[]`` means every pool."""
+    if isinstance(value, Unreadable):
+        return value
+    if not isinstance(value, list):
+        return Unreadable(f"a {type(value).__name__}, not a list") if value else []
+    return [name for name in value if isinstance(name, str)]
 
 
 def _progress(runs: Any) -> list[RunProgress]:
     """Running runs that reported progress, most recently started first."""
     rows = (
         runs.filter(status=Status.RUNNING, progress__isnull=False)
-        .values("id", "job_type", "pool", "attempts", "started_at", "progress")
-        .annotate(running_for=_since(F("started_at")))
+        .values("id", "job_type", "pool", "attempts", "started_at")
+        .annotate(
+            running_for=_since(F("started_at")), progress_text=text_of("progress", PROGRESS_TEXT)
+        )
         .order_by("-started_at")[:PROGRESS_LIMIT]
     )
     found = []
     for row in rows:
-        progress = row["progress"] if isinstance(row["progress"], dict) else {}
+        what = f"run={row['id']} progress"
+        progress = read_stored(row["progress_text"], what, PROGRESS_TEXT)
+        unreadable = progress.problem if isinstance(progress, Unreadable) else None
+        if unreadable is None and not isinstance(progress, dict):
+            unreadable = f"a {type(progress).__name__}, not an object"
+        progress = progress if isinstance(progress, dict) else {}
         found.append(
             RunProgress(
                 run_id=row["id"],
@@ -286,11 +342,53 @@ def _progress(runs: Any) -> list[RunProgress]:
                 done=finite(progress.get("done")) or 0.0,
                 total=finite(progress.get("total")),
                 message=printable(progress.get("message")),
-                updated=_parsed(progress.get("at")),
+                updated=_parsed(progress.get("at"), what),
+                unreadable=unreadable,
             )
         )
     return found
 
 
-def _parsed(value: Any) -> datetime | None:
-    return parse_datetime(value) if isinstance(value, str) else None
+def _parsed(value: Any, what: str) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return parse_datetime(value[:64])
+    except ValueError:  # the shape of a date, not one: "2026-13-45T99:99:99"
+        report_unreadable(what, f"its date {value[:64]!r} is not a date")
+        return None
+
+
+def text_of(column: str, limit: int) -> Any:
+    """A JSON column as its text, at most ``limit + 1`` characters of it: Django
+    would decode the whole value, and fail on one Python cannot hold."""
+    return Left(Cast(column, TextField()), limit + 1)
+
+
+# What was reported unreadable in this process, so that a row read at every
+# refresh (jobstatus --watch, a scrape, a page) is logged once, not each time.
+_reported: set[str] = set()
+_reported_lock = threading.Lock()
+
+
+def read_stored(text: Any, what: str, limit: int | None = None) -> Any:
+    """A JSON column's value read from its text (``payloads.read_json``); an
+    ``Unreadable`` in its place when it cannot be, reported once.
+
+    ``what`` names the value in the log line: ``run=42 progress``.
+    """
+    value = read_json(text, limit=limit)
+    if isinstance(value, Unreadable):
+        report_unreadable(what, value.problem)
+    return value
+
+
+def report_unreadable(what: str, problem: str) -> None:
+    """Log that the stored ``what`` cannot be shown, once per process."""
+    with _reported_lock:
+        fresh = what not in _reported
+        if len(_reported) >= 10_000:
+            _reported.clear()  # bounded: a flood of bad rows costs its memory once
+        _reported.add(what)
+    if fresh:
+        logger.warning("%s is unreadable, shown marked: %s", what, problem)

@@ -14,7 +14,7 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext, ngettext
 
 from ..models import JobRun, Status
-from ..payloads import finite
+from ..payloads import Unreadable, cut, finite
 
 EMPTY = "-"  # what the admin shows for "no value", as Django's own columns do
 
@@ -49,8 +49,10 @@ SHOWN = 64 * 1024
 def pretty_json(value: Any, *, whole: str | None = None) -> SafeString:
     """JSON indented in a <pre>, escaped (format_html escapes every argument),
     at most ``SHOWN`` characters of it; past that, a note and the ``whole`` link."""
-    text, cut = _indented(value)
-    note = truncated(stored_size(value), whole) if cut else ""
+    if isinstance(value, Unreadable):
+        return unreadable(value, whole=whole)
+    text, was_cut = _indented(value)
+    note = truncated(stored_size(value), whole) if was_cut else ""
     return format_html(
         '<pre class="dj-json" style="white-space:pre-wrap;margin:0">{}</pre>{}', text, note
     )
@@ -105,6 +107,61 @@ def truncated(size: int, whole: str | None, *, unit: str = "bytes") -> SafeStrin
             gettext('{note}: <a href="{url}">download the whole value</a>'), note=note, url=whole
         )
     return format_html('<p class="dj-truncated">{}</p>', note)
+
+
+def unreadable(value: Unreadable, *, whole: str | None = None) -> SafeString:
+    """The mark in place of a stored value that cannot be read, and where to get it whole."""
+    note = format_html(
+        '<em class="dj-unreadable">{}</em>',
+        gettext("unreadable: {problem}").format(problem=value.problem),
+    )
+    if whole is not None:
+        note = format_html(
+            gettext('{note}: <a href="{url}">download the whole value</a>'), note=note, url=whole
+        )
+    return note
+
+
+# Characters of a cancel reason shown: the API stores at most 1,000, a row may hold more.
+REASON_SHOWN = 1000
+
+# Items of a list column (tags, the workers of each attempt) a page names, and
+# how many characters of each: the rest are counted, "… and 12 more".
+LISTED = 50
+LISTED_ITEM = 100
+
+
+def listed(value: Any, item: Any = None) -> str:
+    """The items of a stored list, comma-separated: at most ``LISTED``, each cut
+    to ``LISTED_ITEM`` characters; ``item(n, text)`` writes the n-th (from 1).
+    A value that is not a list shows as one item; an unreadable one, marked."""
+    if isinstance(value, Unreadable):
+        return gettext("unreadable: {problem}").format(problem=value.problem)
+    if value is None or value == []:
+        return EMPTY
+    items = value if isinstance(value, list) else [value]
+    texts = []
+    for n, one in enumerate(items[:LISTED], 1):
+        text = cut(one if isinstance(one, str) else _compact(one), LISTED_ITEM)
+        texts.append(item(n, text) if item is not None else text)
+    shown = ", ".join(texts)
+    if len(items) > LISTED:
+        more = len(items) - LISTED
+        shown += " " + ngettext("… and {count} more", "… and {count} more", more).format(
+            count=number(more)
+        )
+    return shown
+
+
+def _compact(value: Any) -> str:
+    """A JSON value as short text; only its first characters are ever shown."""
+    encoder = DjangoJSONEncoder(ensure_ascii=False)
+    text = ""
+    for chunk in encoder.iterencode(value):
+        text += chunk
+        if len(text) > LISTED_ITEM:
+            break
+    return text
 
 
 def number(value: float, decimals: int | None = None) -> str:
@@ -162,15 +219,18 @@ def run_label(run: JobRun) -> SafeString | str:
 
 
 def progress(value: Any) -> str:
-    """``3 / 12 (25%) copying rows``, from a run's ``progress``; the empty mark when none."""
+    """``3 / 12 (25%) copying rows``, from a run's ``progress``; the empty mark when
+    none, a mark when it cannot be read."""
+    if isinstance(value, Unreadable):
+        return gettext("unreadable: {problem}").format(problem=value.problem)
     if not isinstance(value, dict):
         return EMPTY
     done, total = finite(value.get("done")), finite(value.get("total"))
     if done is None:
         return EMPTY
     text = f"{done:g}" if total is None else f"{done:g} / {total:g}"
-    if total:
-        text += f" ({min(100.0, 100.0 * done / total):.0f}%)"
+    if total and total > 0:
+        text += f" ({max(0.0, min(100.0, 100.0 * done / total)):.0f}%)"
     message = value.get("message") or ""
     message = message[:1000] if isinstance(message, str) else ""
     return f"{text} {message}" if message else text

@@ -2,16 +2,15 @@
 
 A page renders at most ``display.SHOWN`` characters of an input, an output, an
 error or a step's output; the rest of the value is here, as a file, never as
-a page: the browser saves it instead of rendering it.
+a page: the browser saves it instead of rendering it. It is the JSON text the
+database holds, never decoded and encoded again.
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 from django.core.exceptions import PermissionDenied
-from django.core.serializers.json import DjangoJSONEncoder
+from django.db.models import TextField
+from django.db.models.functions import Cast
 from django.http import Http404, HttpRequest, HttpResponse
 from django.urls import URLPattern, path, reverse
 
@@ -49,7 +48,8 @@ class DownloadsMixin:
 
     def run_payload_view(self, request: HttpRequest, object_id: str, field: str) -> HttpResponse:
         run_id = self._viewable_run(request, object_id, field, RUN_FIELDS)
-        values = JobRun.objects.using(conf.get().DATABASE).filter(pk=run_id).values_list(field)
+        runs = JobRun.objects.using(conf.get().DATABASE).filter(pk=run_id)
+        values = runs.values_list(Cast(field, TextField()))
         if not values:
             raise Http404("no such run")
         return _attachment(values[0][0], f"run-{run_id}-{field}.json")
@@ -63,7 +63,7 @@ class DownloadsMixin:
         values = (
             JobStep.objects.using(conf.get().DATABASE)
             .filter(pk=step, run_id=run_id)
-            .values_list(field, flat=True)
+            .values_list(Cast(field, TextField()), flat=True)
         )
         if not values:
             raise Http404("no such step")
@@ -81,10 +81,12 @@ class DownloadsMixin:
         return int(object_id)
 
 
-def _attachment(value: Any, filename: str) -> HttpResponse:
-    # Compact: indenting a deeply nested value multiplies its size.
-    text = json.dumps(value, cls=DjangoJSONEncoder, ensure_ascii=False)
-    response = HttpResponse(text, content_type="application/json; charset=utf-8")
+def _attachment(text: str | None, filename: str) -> HttpResponse:
+    """The value as the database holds its text: never decoded here, so whatever
+    a row holds (a number Python cannot read back) downloads as it is stored."""
+    response = HttpResponse(
+        "null" if text is None else text, content_type="application/json; charset=utf-8"
+    )
     response["Content-Disposition"] = f'attachment; filename="{filename}"'
     response["X-Content-Type-Options"] = "nosniff"
     return response

@@ -49,7 +49,7 @@ class PoolsPageMixin:
                 raise PermissionDenied
             self._pause_or_resume(request)
             return HttpResponseRedirect(request.path)
-        shot = snapshot(window=POOLS_WINDOW)
+        shot = snapshot(window=POOLS_WINDOW, with_progress=False)
         context = {
             **self.admin_site.each_context(request),
             "title": gettext("Pools"),

@@ -8,7 +8,8 @@ from typing import Any
 from django.contrib import admin
 from django.core.paginator import Paginator
 from django.db import connections
-from django.db.models import QuerySet
+from django.db.models import JSONField, QuerySet, TextField
+from django.db.models.functions import Cast
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils import timezone
@@ -19,7 +20,9 @@ from django.utils.translation import gettext_lazy as _
 
 from .. import conf
 from ..models import FINISHED_STATUSES, JobRun, Status, Worker
+from ..payloads import cut
 from ..registry import all_handlers
+from ..snapshot import POOLS_TEXT, PROGRESS_TEXT, pool_names, read_stored, text_of
 from ..storage import vendors
 from . import display
 from .display import EMPTY
@@ -33,8 +36,24 @@ from .timeline import StepTimelineMixin
 
 # Children listed on a run's page; the rest are a filtered run list away.
 CHILDREN_SHOWN = 50
+# Pools the pool filter lists at most (a worker row may name thousands).
+POOLS_OFFERED = 200
 # Characters of a running run's progress the run list shows under its status.
 LIST_PROGRESS = 60
+
+# Django never decodes a run's JSON column in this admin: one row holding JSON
+# Python cannot read back (a number of 5,001 digits, 10,000 levels of nesting)
+# would fail the whole page. What a page shows of them is read as text and
+# decoded by ``read_stored``, which marks what it cannot read.
+JSON_COLUMNS = tuple(f.name for f in JobRun._meta.concrete_fields if isinstance(f, JSONField))
+# The JSON columns the run page shows (trace_context is never read).
+PAGE_JSON = ("input", "output", "error", "progress", "tags", "worker_ids", "awaiting")
+# The rest of the run, and what the page shows of its parent, root and worker.
+PAGE_COLUMNS = (
+    *(f.name for f in JobRun._meta.concrete_fields if not isinstance(f, JSONField)),
+    *(f"{rel}__{name}" for rel in ("parent", "root") for name in ("id", "job_type", "status")),
+    *(f"claimed_by__{name}" for name in ("id", "hostname", "pid", "status")),
+)
 
 
 class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
@@ -80,11 +99,15 @@ class PoolFilter(ExactFilter):
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         pools = {handler.pool for handler in all_handlers().values()}
-        for worker_pools in Worker.objects.using(conf.get().DATABASE).values_list(
-            "pools", flat=True
-        )[:500]:
-            pools.update(worker_pools or [])
-        return [(name, name) for name in sorted(pools)]
+        # Read as text: a worker row whose pools cannot be read offers none.
+        workers = Worker.objects.using(conf.get().DATABASE).values_list(
+            "pk", text_of("pools", POOLS_TEXT)
+        )
+        for pk, text in workers[:500]:
+            served = pool_names(read_stored(text, f"worker={pk} pools", POOLS_TEXT))
+            if isinstance(served, list):
+                pools.update(served)
+        return [(name, name) for name in sorted(pools)[:POOLS_OFFERED]]
 
 
 class TenantFilter(ExactFilter):
@@ -175,7 +198,7 @@ class JobRunAdmin(  # type: ignore[misc]
                     "priority",
                     "attempts_display",
                     "tenant_id",
-                    "tags",
+                    "tag_list",
                     "concurrency_key",
                     "idempotency_key",
                 ]
@@ -192,7 +215,7 @@ class JobRunAdmin(  # type: ignore[misc]
                     "duration_detail",
                     "progress_display",
                     "cancel_requested",
-                    "cancel_reason",
+                    "cancel_reason_shown",
                 ]
             },
         ),
@@ -227,10 +250,14 @@ class JobRunAdmin(  # type: ignore[misc]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[JobRun]:
         queryset: QuerySet[JobRun] = super().get_queryset(request)
+        queryset = queryset.using(conf.get().DATABASE).defer(*JSON_COLUMNS)
         if getattr(request, "_django_jobs_list", False):
-            # The list shows none of the payloads: never load (or decode) them there.
-            queryset = queryset.defer("input", "output", "error")
-        return queryset.using(conf.get().DATABASE)
+            # The list shows a running run's progress, read as text, and no
+            # payload nor reason: those never leave the database there.
+            queryset = queryset.defer("cancel_reason").annotate(
+                progress_text=text_of("progress", PROGRESS_TEXT)
+            )
+        return queryset
 
     def get_changelist_instance(self, request: HttpRequest) -> Any:
         request._django_jobs_list = True  # type: ignore[attr-defined]
@@ -240,13 +267,24 @@ class JobRunAdmin(  # type: ignore[misc]
             request._django_jobs_list = False  # type: ignore[attr-defined]
 
     def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
-        queryset = self.get_queryset(request).select_related("parent", "root", "claimed_by")
         if not an_id(object_id):
             return None
+        texts = {f"{name}_text": Cast(name, TextField()) for name in PAGE_JSON}
+        texts["progress_text"] = text_of("progress", PROGRESS_TEXT)
+        queryset = (
+            self.get_queryset(request)
+            .select_related("parent", "root", "claimed_by")
+            .only(*PAGE_COLUMNS)
+            .annotate(**texts)
+        )
         try:
             run = queryset.get(pk=int(object_id))
         except JobRun.DoesNotExist:
             return None
+        for name in PAGE_JSON:
+            limit = PROGRESS_TEXT if name == "progress" else None
+            value = read_stored(getattr(run, f"{name}_text"), f"run={run.pk} {name}", limit)
+            setattr(run, name, value)
         # Which page of the step timeline to show: the field's method sees only the run.
         page = request.GET.get("steps", "1")
         number = int(page) if page.isascii() and page.isdigit() and len(page) < 9 else 1
@@ -299,7 +337,12 @@ class JobRunAdmin(  # type: ignore[misc]
     def status_list(self, run: JobRun) -> SafeString:
         """The badge, and under it an unfinished run's progress (a finished run's
         last report is history: on its page only, labelled)."""
-        progress = EMPTY if run.status in FINISHED_STATUSES else display.progress(run.progress)
+        if run.status in FINISHED_STATUSES:
+            progress = EMPTY
+        else:
+            stored = getattr(run, "progress_text", None)
+            value = read_stored(stored, f"run={run.pk} progress", PROGRESS_TEXT)
+            progress = display.progress(value)
         if progress == EMPTY:
             return display.badge(run.status)
         if len(progress) > LIST_PROGRESS:
@@ -363,7 +406,15 @@ class JobRunAdmin(  # type: ignore[misc]
 
     @admin.display(description=_("workers by attempt"))
     def attempt_workers(self, run: JobRun) -> str:
-        return ", ".join(f"{n}: {worker}" for n, worker in enumerate(run.worker_ids, 1)) or EMPTY
+        return display.listed(run.worker_ids, lambda n, worker: f"{n}: {worker}")
+
+    @admin.display(description=_("tags"))
+    def tag_list(self, run: JobRun) -> str:
+        return display.listed(run.tags)
+
+    @admin.display(description=_("cancel reason"))
+    def cancel_reason_shown(self, run: JobRun) -> str:
+        return cut(run.cancel_reason, display.REASON_SHOWN) or EMPTY
 
     # --- extra pages --------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from ..models import FINISHED_STATUSES, UNSUCCESSFUL_STATUSES, JobRun, Status
+from ..payloads import Unreadable, cut
 from . import display, errors
 from .display import EMPTY
 
@@ -84,10 +85,13 @@ class RunSummaryMixin:
                 ),
             )
         if run.cancel_reason:
-            note = format_html("{}{}", format_html("{}; ", note) if note else "", run.cancel_reason)
+            reason = cut(run.cancel_reason, display.REASON_SHOWN)
+            note = format_html("{}{}", format_html("{}; ", note) if note else "", reason)
         return format_html("{} {}", display.badge(run.status), note)
 
     def _error(self, run: JobRun) -> SafeString | str:
+        if isinstance(run.error, Unreadable):
+            return display.unreadable(run.error, whole=self.payload_url(run.pk, "error"))
         shown = errors.ShownError.of(run.error)
         if shown is None:
             return EMPTY

@@ -15,6 +15,7 @@ from django.utils.translation import gettext_lazy as _
 
 from .. import conf
 from ..models import JobRun, Status, Worker, WorkerStatus
+from ..snapshot import POOLS_TEXT, pool_names, read_stored, text_of
 from . import display
 from .display import EMPTY
 from .labels import FieldLabels
@@ -71,8 +72,15 @@ class WorkerAdmin(CheckedChangeList, FieldLabels, admin.ModelAdmin):  # type: ig
             .annotate(n=Count("id"))
             .values("n")
         )
-        return queryset.using(conf.get().DATABASE).annotate(
-            running_count=Coalesce(Subquery(running), 0)
+        # The pools are read as text (see runs.JSON_COLUMNS): one row Python
+        # cannot decode must not fail the page.
+        return (
+            queryset.using(conf.get().DATABASE)
+            .defer("pools")
+            .annotate(
+                running_count=Coalesce(Subquery(running), 0),
+                pools_text=text_of("pools", POOLS_TEXT),
+            )
         )
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -86,7 +94,9 @@ class WorkerAdmin(CheckedChangeList, FieldLabels, admin.ModelAdmin):  # type: ig
 
     @admin.display(description=_("pools"))
     def pool_list(self, worker: Worker) -> str:
-        return ", ".join(worker.pools or [])
+        text = getattr(worker, "pools_text", None)
+        served = pool_names(read_stored(text, f"worker={worker.pk} pools", POOLS_TEXT))
+        return display.listed(served)
 
     @admin.display(description=_("running"), ordering="running_count")
     def running(self, worker: Worker) -> int:

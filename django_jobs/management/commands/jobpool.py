@@ -9,8 +9,9 @@ from django.core.management.base import CommandError, CommandParser
 
 from django_jobs.management.arguments import pool_name
 from django_jobs.management.base import JobsCommand
-from django_jobs.payloads import terminal_safe
+from django_jobs.payloads import cut, terminal_safe
 from django_jobs.pools import (
+    MAX_PAUSE_REASON,
     PoolInUse,
     forget_pool,
     pause_pool,
@@ -73,13 +74,11 @@ class Command(JobsCommand):
         if not paused:
             self.stdout.write("No pool is paused.")
         for pool in paused.values():
-            reason = f": {pool.pause_reason}" if pool.pause_reason else ""
-            # The row may hold anything (written before names were checked, or by hand).
-            self.stdout.write(
-                terminal_safe(
-                    f"{pool.name} paused since {pool.paused_at:%Y-%m-%d %H:%M:%S %Z}{reason}"
-                )
-            )
+            # The row may hold anything (written before names and reasons were
+            # checked, or by hand): cut, and escaped for the terminal.
+            reason = f": {cut(pool.pause_reason, MAX_PAUSE_REASON)}" if pool.pause_reason else ""
+            since = f"{pool.paused_at:%Y-%m-%d %H:%M:%S %Z}" if pool.paused_at else "?"
+            self.stdout.write(terminal_safe(f"{pool.name} paused since {since}{reason}"))
 
     def _forget(self, names: list[str]) -> None:
         for name in names:

@@ -14,7 +14,10 @@ from django_jobs.management.arguments import describe, duration, pool_name, posi
 from django_jobs.management.base import JobsCommand, database_error, first_line
 from django_jobs.models import FINISHED_STATUSES
 from django_jobs.payloads import terminal_safe
-from django_jobs.snapshot import Snapshot, age, snapshot
+from django_jobs.snapshot import RunProgress, Snapshot, WorkerState, age, snapshot
+
+# Pools named on a worker's line; the rest are counted ("… and 3 more").
+POOLS_SHOWN = 10
 
 COLUMNS = [
     "pool",
@@ -71,24 +74,36 @@ def render(shot: Snapshot) -> str:
             )
     lines += ["", f"Workers ({len(shot.workers)})"]
     for worker in shot.workers:
-        pools = ", ".join(worker.pools) or "all pools"
         flag = "  STALE" if worker.stale else ""
         lines.append(
-            f"  {worker.name}  {worker.status}  {pools}  concurrency {worker.concurrency}  "
-            f"heartbeat {age(worker.heartbeat_age)} ago{flag}"
+            f"  {worker.name}  {worker.status}  {_pools(worker)}  concurrency {worker.concurrency}"
+            f"  heartbeat {age(worker.heartbeat_age)} ago{flag}"
         )
     if shot.progress:
         lines += ["", "Progress"]
-        for run in shot.progress:
-            total = "" if run.total is None else f"/{run.total:g}"
-            percent = "" if run.percent is None else f" {run.percent:.0f}%"
-            message = f"  {run.message}" if run.message else ""
-            lines.append(
-                f"  #{run.run_id} {run.job_type} ({run.pool})  {run.done:g}{total}{percent}"
-                f"  running {age(run.running_for)}{message}"
-            )
+        lines += [_progress(run) for run in shot.progress]
     # Names, reasons and messages come from rows: none may drive the terminal.
     return "\n".join(terminal_safe(line) for line in lines)
+
+
+def _pools(worker: WorkerState) -> str:
+    if worker.pools_unreadable is not None:
+        return f"pools unreadable ({worker.pools_unreadable})"
+    if not worker.pools:
+        return "all pools"
+    more = len(worker.pools) - POOLS_SHOWN
+    return ", ".join(worker.pools[:POOLS_SHOWN]) + (f" … and {more} more" if more > 0 else "")
+
+
+def _progress(run: RunProgress) -> str:
+    where = f"  #{run.run_id} {run.job_type} ({run.pool})"
+    running = f"running {age(run.running_for)}"
+    if run.unreadable is not None:
+        return f"{where}  progress unreadable ({run.unreadable})  {running}"
+    total = "" if run.total is None else f"/{run.total:g}"
+    percent = "" if run.percent is None else f" {run.percent:.0f}%"
+    message = f"  {run.message}" if run.message else ""
+    return f"{where}  {run.done:g}{total}{percent}  {running}{message}"
 
 
 class Command(JobsCommand):
