@@ -4,6 +4,8 @@
 * ``ratelimits``: the admission of rate-limited runs at claim, and ``JobRateLimit`` rows;
 * ``leases``: the fenced writes to a claimed run, each one conditional ``UPDATE``;
 * ``steps``: recording and loading a run's steps;
+* ``reading``: reading run rows so that no stored value fails a claim, and
+  passing over rows no claim can write;
 * ``workers``: Worker rows, heartbeats, and finding the runs of silent workers;
 * ``notify``, ``control``, ``connections``: wake-ups, the worker's shared control
   connection, and connections that broke;

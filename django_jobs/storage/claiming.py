@@ -10,7 +10,7 @@ spends its attempts. Every later write to the run is fenced on that token
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
 import uuid
 from collections.abc import Callable, Sequence
@@ -18,36 +18,39 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError, InterfaceError, OperationalError, connections, transaction
-from django.db.models import Exists, F, OuterRef, Q, Subquery
+from django.db import (
+    DataError,
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+    connections,
+    transaction,
+)
+from django.db.models import (
+    Exists,
+    F,
+    OuterRef,
+    Q,
+    Subquery,
+)
 from django.db.models.functions import Now
 
-from ..models import JobPool, JobRun, JobStep, Status
+from ..models import JobPool, JobRun, Status
 from ..ratelimits import Limits
 from . import ratelimits, runs, using, vendors
 from .leases import WorkerIds
+from .reading import (
+    CLAIM_FIELDS,
+    DATE_FIELDS,
+    RETURNED,
+    claimed_values,
+    decoded,
+    find_unwritable,
+    passed_over,
+    unreadable,
+)
 
 logger = logging.getLogger(__name__)
-
-# The columns a worker needs to execute a claimed run; read in the claim itself.
-# _claim_in_one_statement reads them by position: change both together.
-CLAIM_FIELDS = (
-    "id",
-    "job_type",
-    "pool",
-    "priority",
-    "input",
-    "attempts",
-    "max_attempts",
-    "tenant_id",
-    "parent_id",
-    "root_id",
-    "created_at",
-    "run_at",
-    "concurrency_key",
-    "cancel_requested_at",
-    "trace_context",
-)
 
 
 @dataclass(slots=True)
@@ -77,6 +80,10 @@ class Claim:
     trace_context: Any = None  # as stored: read by tracing.parse() only
     # Whether the run had recorded steps when claimed; None when not known.
     has_steps: bool | None = None
+    # Why the claimed row could not be read (its input is not JSON Python can
+    # decode, say), or None. Such a claim's handler must not be called: its run
+    # fails at once, not retried (another attempt would read the same row).
+    unreadable: str | None = None
 
     @classmethod
     def from_row(
@@ -124,6 +131,45 @@ class Claim:
             status=Status.RUNNING,
             lease_token=self.lease_token,
         )
+
+
+def claim_of(row: dict[str, Any], token: uuid.UUID) -> Claim:
+    """The claim of a row read by ``claimed_values`` (``attempts`` already counted).
+
+    Its JSON is decoded here: an input that cannot be, or a date outside Python's
+    years, makes the claim ``unreadable`` (its run fails alone); a trace context
+    that cannot be stays the text it is, which tracing ignores.
+    """
+    problem = None
+    try:
+        value = decoded(row["input_text"])
+    except ValueError as exc:
+        value, problem = None, f"input {exc}"
+    trace = row["trace_context_text"]
+    with contextlib.suppress(ValueError):  # kept as text, which tracing.parse() ignores
+        trace = decoded(trace)
+    if not row["dates_ok"]:
+        problem = problem or "dates are outside the years Python reads (1-9999)"
+    return Claim(
+        run_id=int(row["id"]),
+        attempt=int(row["attempts"]),
+        lease_token=token,
+        job_type=row["job_type"],
+        pool=row["pool"],
+        priority=row["priority"],
+        input=value,
+        max_attempts=int(row["max_attempts"]),
+        tenant_id=row["tenant_id"],
+        parent_id=row["parent_id"],
+        root_id=row["root_id"],
+        created_at=row["created_at_read"],
+        run_at=row["run_at_read"],
+        concurrency_key=row["concurrency_key"],
+        cancel_requested_at=row["cancel_requested_at_read"],
+        trace_context=trace,
+        has_steps=bool(row["has_steps"]),
+        unreadable=None if problem is None else unreadable(problem),
+    )
 
 
 # (True, types): only runs of these job types; (False, types): none of them.
@@ -208,11 +254,12 @@ def _claim(
             limit,
             token,
         )
-    except IntegrityError:
+    except (IntegrityError, DataError):
         # The unique index refused a second running run of one key: a claim that
         # took the key committed after this statement's snapshot was taken (or
-        # the worker row is gone). Nothing was written; claim again the careful
-        # way, whose second statement sees that commit.
+        # the worker row is gone). Or the database refused to change a row (see
+        # find_unwritable). Nothing was written; claim again the careful way,
+        # whose second statement sees that commit and passes over such a row.
         logger.debug("claim refused by an integrity constraint; claiming again", exc_info=True)
         try:
             return claim_two_statements(
@@ -257,12 +304,8 @@ def _recover() -> list[Claim]:
     if not _uncertain:
         return []
     tokens = list(_uncertain)
-    steps = JobStep.objects.using(using()).filter(run_id=OuterRef("pk"))
     rows = list(
-        runs()
-        .filter(lease_token__in=tokens, status=Status.RUNNING)
-        .annotate(has_steps=Exists(steps))
-        .values(*CLAIM_FIELDS, "has_steps", "lease_token")
+        claimed_values(runs().filter(lease_token__in=tokens, status=Status.RUNNING), "lease_token")
     )
     del _uncertain[: len(tokens)]  # read: they are settled, whatever was found
     if rows:
@@ -271,7 +314,7 @@ def _recover() -> list[Claim]:
             len(rows),
             ",".join(str(row["id"]) for row in rows),
         )
-    return [Claim.from_row(row, row["lease_token"], bool(row["has_steps"])) for row in rows]
+    return [claim_of(row, row["lease_token"]) for row in rows]
 
 
 def candidates(
@@ -285,6 +328,9 @@ def candidates(
     order, locked as read (unless not ``locked``); without the runs under one of
     the rate ``limits``, which are claimed apart."""
     due = runs().due(pools)
+    skipped = passed_over()
+    if skipped:
+        due = due.exclude(pk__in=skipped)
     if limits:
         due = ratelimits.unlimited(due, limits)
     if job_types is not None:
@@ -327,7 +373,12 @@ def _claim_in_one_statement(
     rows = vendors.of(connection).claim(
         connection,
         (
-            (None if pools is None else tuple(pools), job_types, limits and limits.signature()),
+            (
+                None if pools is None else tuple(pools),
+                job_types,
+                limits and limits.signature(),
+                tuple(passed_over()),
+            ),
             limit,
         ),
         lambda: candidates(pools, job_types=job_types, limits=limits).values(
@@ -337,33 +388,12 @@ def _claim_in_one_statement(
         worker_id,
         token,
         plan,
+        dates=DATE_FIELDS,
     )
     if rows is None:
         return None
-    # The values come in CLAIM_FIELDS order, then has_steps.
-    claims = [
-        Claim(
-            run_id=values[0],
-            attempt=values[5],
-            lease_token=token,
-            job_type=values[1],
-            pool=values[2],
-            priority=values[3],
-            # Django reads jsonb as text, for the model field to decode.
-            input={} if values[4] == "{}" else json.loads(values[4]),
-            max_attempts=values[6],
-            tenant_id=values[7],
-            parent_id=values[8],
-            root_id=values[9],
-            created_at=values[10],
-            run_at=values[11],
-            concurrency_key=values[12],
-            cancel_requested_at=values[13],
-            trace_context=_stored_json(values[14]),
-            has_steps=values[15],
-        )
-        for values in rows
-    ]
+    # The values come in CLAIM_FIELDS order, then has_steps and dates_ok.
+    claims = [claim_of(dict(zip(RETURNED, values, strict=True)), token) for values in rows]
     # Highest priority first (RETURNING has no order); the whole batch starts at once.
     claims.sort(key=lambda claim: -claim.priority)
     return claims
@@ -399,64 +429,62 @@ def claim_two_statements(
     taken: list[int] = []  # picked, but locked by other claims: passed over when read again
     try:
         for _ in range(_REREADS):
-            with transaction.atomic(using=using()):
-                ids = list(picked.exclude(pk__in=taken).values_list("id", flat=True)[:limit])
-                if not ids:
-                    return []
-                rows = _locked(ids)
-                if not rows:
-                    taken += ids
-                    continue
-                rows = one_per_key(rows)
-                if not rows:
-                    return []
-                if admit is not None:
-                    rows = admit(rows)
+            ids: list[int] = []
+            try:
+                with transaction.atomic(using=using()):
+                    ids = list(
+                        picked.exclude(pk__in=[*taken, *passed_over()]).values_list(
+                            "id", flat=True
+                        )[:limit]
+                    )
+                    if not ids:
+                        return []
+                    rows = _locked(ids)
+                    if not rows:
+                        taken += ids
+                        continue
+                    rows = one_per_key(rows)
+                    if not rows:
+                        return []
+                    if admit is not None:
+                        rows = admit(rows)
+                        break
+                    # The rows stay locked by this transaction until commit, so this
+                    # UPDATE cannot race another claimer; the status condition is
+                    # belt and braces.
+                    runs().filter(pk__in=[row["id"] for row in rows], status=Status.PENDING).update(
+                        status=Status.RUNNING,
+                        attempts=F("attempts") + 1,
+                        claimed_by_id=worker_id,
+                        lease_token=token,
+                        started_at=Now(),
+                        worker_ids=WorkerIds(worker_id),
+                    )
                     break
-                # The rows stay locked by this transaction until commit, so this
-                # UPDATE cannot race another claimer; the status condition is belt
-                # and braces.
-                runs().filter(pk__in=[row["id"] for row in rows], status=Status.PENDING).update(
-                    status=Status.RUNNING,
-                    attempts=F("attempts") + 1,
-                    claimed_by_id=worker_id,
-                    lease_token=token,
-                    started_at=Now(),
-                    worker_ids=WorkerIds(worker_id),
-                )
-                break
+            except (IntegrityError, DataError):
+                # Rolled back. One row the database refuses to change must not
+                # refuse the claim of the others; a key conflict is the caller's.
+                if not find_unwritable(ids, worker_id):
+                    raise
         else:
             return []
     finally:
         vendors.of(connection).unlock_keys(connection)
     for row in rows:
         row["attempts"] += 1
-    return [Claim.from_row(row, token, bool(row["has_steps"])) for row in rows]
-
-
-def _stored_json(text: str | None) -> Any:
-    """A jsonb column read as text, decoded; a value nested too deeply to decode
-    stays text (anyone who can write the table can write it)."""
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except RecursionError:
-        return text
+    return [claim_of(row, token) for row in rows]
 
 
 def _locked(ids: list[int]) -> list[dict[str, Any]]:
     """The rows of ``ids`` still pending, locked, in the order of ``ids``; the rows
     other transactions hold are skipped. Each says whether its run has recorded
     steps, so that a first execution needs no query to learn it has none."""
-    steps = JobStep.objects.using(using()).filter(run_id=OuterRef("pk"))
-    locked = (
+    locked = claimed_values(
         runs()
         .filter(pk__in=ids, status=Status.PENDING)
         .order_by()
-        .select_for_update(skip_locked=True)
-        .annotate(has_steps=Exists(steps))
-        .values(*CLAIM_FIELDS, "rate_key", "has_steps")
+        .select_for_update(skip_locked=True),
+        "rate_key",
     )
     order = {run_id: n for n, run_id in enumerate(ids)}
     return sorted(locked, key=lambda row: order[row["id"]])

@@ -7,22 +7,51 @@ from typing import TYPE_CHECKING, Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connections
+from django.db.models import ExpressionWrapper, F, TextField
 
+from ..exceptions import InvalidStepOutput
 from ..models import JobStep
 from . import using, vendors
+from .reading import decoded
 
 if TYPE_CHECKING:
     from .claiming import Claim
 
 
 def load(run_id: int) -> dict[str, dict[str, Any]]:
-    """Return the recorded steps of a run by step id: status, output, attempts."""
+    """Return the recorded steps of a run by step id: status, output, attempts.
+
+    Raises ``InvalidStepOutput`` naming a completed step whose stored output
+    cannot be decoded (nested past Python's recursion limit, a number of more
+    digits than ``int()`` converts: anyone who can write the table can store
+    one): its run cannot replay it, on this attempt or any other.
+    """
     rows = (
         JobStep.objects.using(using())
         .filter(run_id=run_id)
-        .values("step_id", "status", "output", "attempts")
+        .values(
+            "step_id",
+            "status",
+            "attempts",
+            # As stored, decoded below: the field would raise for the whole read.
+            output_text=ExpressionWrapper(F("output"), output_field=TextField()),
+        )
     )
-    return {row["step_id"]: dict(row) for row in rows}
+    loaded: dict[str, dict[str, Any]] = {}
+    for values in rows:
+        row: dict[str, Any] = dict(values)
+        text = row.pop("output_text")
+        try:
+            row["output"] = decoded(text)
+        except ValueError as exc:
+            if row["status"] != JobStep.StepStatus.COMPLETED:
+                row["output"] = None  # never replayed
+            else:
+                raise InvalidStepOutput(
+                    f"the stored output of step {row['step_id']!r} {exc}; the run cannot replay it"
+                ) from None
+        loaded[row["step_id"]] = row
+    return loaded
 
 
 def record(

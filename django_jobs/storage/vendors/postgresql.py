@@ -76,8 +76,10 @@ class PostgreSQL(Vendor):
         worker_id: uuid.UUID,
         token: uuid.UUID,
         plan: int,
+        *,
+        dates: Sequence[str] = (),
     ) -> list[tuple[Any, ...]] | None:
-        statement = _claim_statement(connection, key, picked, tuple(fields), plan)
+        statement = _claim_statement(connection, key, picked, tuple(fields), tuple(dates), plan)
         # Inside a caller's transaction (drain() in a test), a savepoint: a refused
         # claim must not abort it, so that the two-statement claim can follow.
         atomic = connection.in_atomic_block
@@ -237,8 +239,12 @@ class PostgreSQL(Vendor):
         return None if row is None else int(row[0])
 
 
-# (database alias, the caller's key of its candidates, fields, plan) -> the claim statement
-_claim_statements: dict[tuple[str, Hashable, tuple[str, ...], int], str] = {}
+# (database alias, the caller's key of its candidates, fields, dates, plan) -> the statement
+_claim_statements: dict[tuple[str, Hashable, tuple[str, ...], tuple[str, ...], int], str] = {}
+
+# The instants psycopg reads into a datetime, with a day to spare for time zones;
+# a timestamptz column holds years up to 294276, and infinity.
+_READABLE = "BETWEEN '0001-01-02 00:00:00+00' AND '9999-12-30 00:00:00+00'"
 
 
 def _claim_statement(
@@ -246,6 +252,7 @@ def _claim_statement(
     key: Hashable,
     picked: Callable[[], Any],
     fields: tuple[str, ...],
+    dates: tuple[str, ...],
     plan: int,
 ) -> str:
     """The one-statement claim: the ORM's locking SELECT inside an UPDATE ... RETURNING.
@@ -265,13 +272,13 @@ def _claim_statement(
     the table as it is now.
     """
     using = connection.alias
-    cache_key = (using, key, fields, plan)
+    cache_key = (using, key, fields, dates, plan)
     if cache_key in _claim_statements:
         return _claim_statements[cache_key]
     for stale in [
         known
         for known in _claim_statements
-        if known[3] < plan - 1 and _group(known[1]) == _group(key)
+        if known[4] < plan - 1 and _group(known[1]) == _group(key)
     ]:
         del _claim_statements[stale]
     # The ORM refuses to compile FOR UPDATE outside a transaction; nothing runs here.
@@ -282,7 +289,19 @@ def _claim_statement(
         picked_sql = ops.compose_sql(*query.get_compiler(using).as_sql()).replace("%", "%%")
     table = ops.quote_name(JobRun._meta.db_table)
     step_table = ops.quote_name(JobStep._meta.db_table)
-    returning = ", ".join(f"run.{ops.quote_name(name)}" for name in fields)
+    # A date the driver cannot read would fail the statement's result after its
+    # UPDATE committed (the whole batch claimed, and lost): it comes back NULL,
+    # and the last column says so.
+    columns = {name: f"run.{ops.quote_name(name)}" for name in fields + dates}
+    returning = ", ".join(
+        f"CASE WHEN {columns[name]} {_READABLE} THEN {columns[name]} END"
+        if name in dates
+        else columns[name]
+        for name in fields
+    )
+    dates_ok = " AND ".join(
+        f"({columns[name]} IS NULL OR {columns[name]} {_READABLE})" for name in dates
+    )
     # One row per concurrency key (the first in claim order), and a key only
     # under a transaction-scoped advisory lock taken without waiting: two claims
     # putting several keys into the unique index at once could otherwise wait
@@ -311,7 +330,7 @@ def _claim_statement(
         )
         RETURNING {returning}, EXISTS (
             SELECT 1 FROM {step_table} AS step WHERE step.run_id = run.id
-        ) AS has_steps
+        ) AS has_steps, {dates_ok or "TRUE"} AS dates_ok
     """
     _claim_statements[cache_key] = statement
     return statement
