@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -69,23 +69,38 @@ def limited(due: Any, limits: Limits) -> Any:
 
 
 def _held(limits: Limits) -> Q:
-    """The runs one of whose limits is full now (its row's ``open_at`` is ahead)."""
-    full = limit_rows().filter(open_at__gt=Now())
+    """The runs one of whose limits is full now: its row's ``open_at`` is ahead, and
+    was computed under the rate in force (a limit raised, or lowered, since is
+    judged again at its next claim: ``open_at`` is the old rate's)."""
     held = Q(pk__in=[])
-    if limits.pools:
-        held |= Q(pool__in=sorted(limits.pools)) & Q(
-            Exists(full.filter(scope=RateLimitScope.POOL, name=OuterRef("pool")))
+    for rate, pools in _by_rate(limits.pools, limits.pools).items():
+        held |= Q(pool__in=pools) & Q(
+            Exists(_full(rate).filter(scope=RateLimitScope.POOL, name=OuterRef("pool")))
         )
-    shared = sorted(set(limits.jobs) - limits.keyed)
-    if shared:
-        held |= Q(job_type__in=shared) & Q(
-            Exists(full.filter(scope=RateLimitScope.JOB, name=OuterRef("job_type")))
+    shared = set(limits.jobs) - limits.keyed
+    for rate, types in _by_rate(limits.jobs, shared).items():
+        held |= Q(job_type__in=types) & Q(
+            Exists(_full(rate).filter(scope=RateLimitScope.JOB, name=OuterRef("job_type")))
         )
-    if limits.keyed:
-        held |= Q(job_type__in=sorted(limits.keyed), rate_key__isnull=False) & Q(
-            Exists(full.filter(scope=RateLimitScope.KEY, name=OuterRef("rate_key")))
+    for rate, types in _by_rate(limits.jobs, limits.keyed).items():
+        held |= Q(job_type__in=types, rate_key__isnull=False) & Q(
+            Exists(_full(rate).filter(scope=RateLimitScope.KEY, name=OuterRef("rate_key")))
         )
     return held
+
+
+def _full(rate: Rate) -> Any:
+    """The rows of limits full now under ``rate`` (the rate a row was closed under is
+    stored with it)."""
+    return limit_rows().filter(open_at__gt=Now(), limit=rate.count, period=rate.seconds)
+
+
+def _by_rate(rates: Mapping[str, Rate], names: Iterable[str]) -> dict[Rate, list[str]]:
+    """``names`` grouped by their rate in ``rates``, sorted (one statement text per set)."""
+    grouped: dict[Rate, list[str]] = {}
+    for name in sorted(names):
+        grouped.setdefault(rates[name], []).append(name)
+    return dict(sorted(grouped.items(), key=lambda item: (item[0].count, item[0].seconds)))
 
 
 def limits_of(row: dict[str, Any], limits: Limits) -> list[tuple[str, str, Rate]]:

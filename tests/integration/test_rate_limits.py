@@ -182,8 +182,12 @@ def test_jobstatus_and_the_pools_page_show_runs_waiting_for_their_window(
     for _ in range(3):
         JobRunFactory(job_type="tests.limited", pool="ratelimited")
     JobRunFactory(job_type="tests.noop", pool="ratelimited")
-    JobRateLimit.objects.create(
-        scope="job", name="tests.limited", open_at=timezone.now() + timedelta(minutes=5)
+    JobRateLimit.objects.create(  # closed under tests.limited's rate, 20/s
+        scope="job",
+        name="tests.limited",
+        limit=20,
+        period=1.0,
+        open_at=timezone.now() + timedelta(minutes=5),
     )
     shot = snapshot()
     (pool,) = shot.pools
@@ -207,3 +211,44 @@ def test_a_worker_enforces_a_jobs_limit_in_whatever_pool_its_runs_wait() -> None
     assert worker.limits.jobs["tests.limited"] == Rate(20, 1.0)
     limits = Limits({"tests.limited": Rate(2, 3600.0)})
     assert len(claim(limits, pools=["elsewhere"])) == 2
+
+
+def limits_of_scope(scope: str, rate: Rate) -> Limits:
+    if scope == "pool":
+        return Limits(pools={"default": rate})
+    if scope == "key":
+        return Limits({"tests.limited_per_key": rate}, frozenset({"tests.limited_per_key"}))
+    return Limits({"tests.limited": rate})
+
+
+@pytest.mark.parametrize("scope", ["job", "key", "pool"])
+@pytest.mark.parametrize(
+    ("before", "after"), [(Rate(1, 60.0), Rate(10, 1.0)), (Rate(1, 86_400.0), Rate(1000, 86_400.0))]
+)
+def test_a_window_closed_under_one_rate_opens_under_another(
+    scope: str, before: Rate, after: Rate
+) -> None:
+    """Issue 32 §11: a limit raised (and the workers restarted) admits runs at once, as
+    its new rate allows; the stored reopen time was the old rate's."""
+    job_type = "tests.limited_per_key" if scope == "key" else "tests.limited"
+    for _ in range(5):
+        JobRunFactory(job_type=job_type, pool="default", rate_key="customer:1")
+    assert len(claim(limits_of_scope(scope, before))) == 1
+    assert claim(limits_of_scope(scope, before)) == []
+    assert limited.waiting(limits_of_scope(scope, before)) == {"default": 4}
+    # The row still holds the old rate's reopen time; the new rate has room now.
+    assert limited.waiting(limits_of_scope(scope, after)) == {}
+    assert len(claim(limits_of_scope(scope, after))) == 4
+    row = JobRateLimit.objects.get()
+    assert (row.limit, row.period) == (after.count, after.seconds)
+    assert row.open_at is None  # 5 starts of 10 (or 1000): room left
+
+
+def test_a_window_closed_under_a_rate_stays_closed_under_that_rate() -> None:
+    for _ in range(3):
+        JobRunFactory(job_type="tests.limited")
+    limits = Limits({"tests.limited": Rate(2, 3600.0)})
+    assert len(claim(limits)) == 2
+    # Rates built apart but equal (a restarted worker parses "2/h" again).
+    assert claim(Limits({"tests.limited": Rate(2, 3600.0)})) == []
+    assert limited.waiting(limits) == {"default": 1}
