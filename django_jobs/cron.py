@@ -48,6 +48,8 @@ DAY = timedelta(days=1)
 CYCLE_YEARS = 400
 # Ticks are whole seconds, so no tick falls between an instant and this before it.
 JUST_BEFORE = timedelta(microseconds=1)
+# Characters of an expression an error message repeats.
+SHOWN = 100
 
 
 @dataclass(frozen=True)
@@ -284,7 +286,10 @@ def _first_at_least(values: tuple[int, ...], minimum: int) -> int | None:
 
 
 def _error(expression: str, detail: str) -> ValueError:
-    return ValueError(f"invalid cron expression {expression!r}: {detail}")
+    # Cut: the text may come from a row or a form, of any length, and the
+    # message goes to a log line or a page.
+    shown = expression if len(expression) <= SHOWN else expression[:SHOWN] + "…"
+    return ValueError(f"invalid cron expression {shown!r}: {detail[: 2 * SHOWN]}")
 
 
 def _offset(instant: datetime, zone: tzinfo) -> timedelta | None:

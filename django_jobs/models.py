@@ -456,6 +456,11 @@ class JobSchedule(models.Model):
     # Raised by every operator change (edit, pause, resume): a worker takes a
     # tick only under the revision it read, and sees changes by it.
     revision = models.IntegerField(db_default=0)
+    # New for every row made: a schedule deleted and added again under its name
+    # starts again at revision 1, and this is how a worker that read the one
+    # before tells them apart (it fences its ticks on both). NULL in the rows
+    # that workers of an earlier release make.
+    incarnation = models.UUIDField(null=True, blank=True, default=uuid.uuid4, editable=False)
 
     class Meta:
         verbose_name = _("job schedule")

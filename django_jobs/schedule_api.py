@@ -23,7 +23,7 @@ from asgiref.sync import sync_to_async
 from django.apps import apps
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F, Value
+from django.db.models import Case, F, Value, When
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone as django_timezone
 
@@ -33,9 +33,10 @@ from .models import JobSchedule, ScheduleSource
 from .payloads import control_problem
 from .registry import all_handlers
 from .schedule_targets import code_entries, find_target
-from .scheduler import sync
+from .scheduler import read_input, sync
 from .schedules import (
     MAX_CRON,
+    MAX_NAME,
     MISSED_POLICIES,
     Schedule,
     code_names,
@@ -50,6 +51,7 @@ logger = logging.getLogger(__name__)
 FIELDS = ("job_type", "cron", "timezone", "missed", "input")
 MAX_JOB_TYPE = 200  # JobSchedule.job_type
 MAX_TIMEZONE = 100  # JobSchedule.timezone
+MAX_REVISION = 2**31 - 1  # JobSchedule.revision, an integer column
 
 
 class _Unchanged:
@@ -207,13 +209,15 @@ def change_schedule(
                 "paused and resumed here)"
             )
         given = {"job_type": job_type, "cron": cron, "timezone": timezone, "missed": missed}
-        given["input"] = input
         merged = {
             field: getattr(row, field) if value is UNCHANGED else value
             for field, value in given.items()
         }
+        stored = _stored_input(row.name, required=input is UNCHANGED)
+        merged["input"] = stored if input is UNCHANGED else input
         definition = check_definition(**merged)
-        changed = [f for f in FIELDS if definition.columns[f] != getattr(row, f)]
+        current = {**{f: getattr(row, f) for f in given}, "input": stored}
+        changed = [f for f in FIELDS if definition.columns[f] != current[f]]
         if not changed:
             return row
         now = django_timezone.now()
@@ -226,11 +230,11 @@ def change_schedule(
             updates["last_tick"] = Greatest(Coalesce("last_tick", "created_at"), Value(now))
         table.filter(name=row.name).update(
             **updates,
-            next_tick=definition.schedule.next_after(after),
-            revision=F("revision") + 1,
+            next_tick=_next_tick(definition.schedule, after),
+            revision=_next_revision(),
             updated_at=now,
         )
-        row.refresh_from_db(using=using)
+        row = _locked(row.name)
         fields = [_label(f) for f in changed]
         _record(user, row, "changed " + ",".join(changed), [{"changed": {"fields": fields}}])
     return row
@@ -277,13 +281,13 @@ def _set_paused(name: str, paused: bool, user: Any) -> bool:
     if paused:
         _make_code_row(name, now)
     with transaction.atomic(using=using):
+        _locked(name)  # ScheduleNotFound
         changed = table.filter(name=name, paused_at__isnull=paused).update(
-            paused_at=now if paused else None, revision=F("revision") + 1, updated_at=now
+            paused_at=now if paused else None, revision=_next_revision(), updated_at=now
         )
         if not changed:
-            _locked(name)  # ScheduleNotFound, or it was so already
-            return False
-        row = table.get(name=name)
+            return False  # it was so already
+        row = _locked(name)
         _record(user, row, "paused" if paused else "resumed", "Paused." if paused else "Resumed.")
     return True
 
@@ -298,13 +302,57 @@ def _make_code_row(name: str, now: datetime) -> None:
 
 
 def _locked(name: str) -> JobSchedule:
+    """Row ``name``, locked until the transaction ends, its input not loaded (a row
+    may hold one that cannot be: ``_stored_input()`` reads it when needed)."""
     if not isinstance(name, str):
         raise ScheduleNotFound(f"schedule names are strings, got {type(name).__name__}")
-    row = JobSchedule.objects.using(conf.get().DATABASE).select_for_update().filter(name=name)
-    found = row.first()
+    if not storable_name(name):
+        raise ScheduleNotFound(f"no schedule named {name[:200]!r}")
+    rows = JobSchedule.objects.using(conf.get().DATABASE).select_for_update().defer("input")
+    found = rows.filter(name=name).first()
     if found is None:
         raise ScheduleNotFound(f"no schedule named {name[:200]!r}")
     return found
+
+
+def storable_name(name: str) -> bool:
+    """Whether a row could hold ``name`` (what a lookup may be asked for): at most
+    200 characters, no NUL (PostgreSQL cannot compare text holding one at all), and
+    valid Unicode. Names written by hand need not pass ``name_problem()``, so that
+    every row stays reachable."""
+    if len(name) > MAX_NAME or "\0" in name:
+        return False
+    try:
+        name.encode()
+    except UnicodeEncodeError:  # a lone surrogate
+        return False
+    return True
+
+
+def _stored_input(name: str, *, required: bool) -> Any:
+    """The input a row holds, read within ``MAX_INPUT_BYTES``. Unreadable, it is
+    ``InvalidSchedule`` when the change keeps it (``required``): a new input must
+    be given; else a value no input equals, so that any new one counts as a change."""
+    try:
+        return read_input(name)
+    except ValueError as exc:
+        if required:
+            raise InvalidSchedule(f"{exc}: give a new input", "input") from None
+        return UNCHANGED
+
+
+def _next_tick(schedule: Schedule, after: datetime) -> datetime | None:
+    """The tick after ``after``, for the admin; None past the years Python knows (a
+    row may claim a latest tick in year 9999: it then never fires, as it says)."""
+    try:
+        return schedule.next_after(after)
+    except OverflowError:
+        return None
+
+
+def _next_revision() -> Case:
+    """``revision + 1``, back to 1 at the column's end: workers only ask whether it changed."""
+    return Case(When(revision__gte=MAX_REVISION, then=Value(1)), default=F("revision") + 1)
 
 
 def _check_user(user: Any) -> None:

@@ -4,7 +4,6 @@ schedules in force, from the code and from a run-time schedule's row."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -13,6 +12,7 @@ from .exceptions import UnknownJobType
 from .models import JobRun
 from .registry import JobHandler, all_handlers
 from .schedules import (
+    MAX_CRON,
     Entry,
     Schedule,
     Target,
@@ -63,16 +63,22 @@ def code_entries(pools: list[str] | None) -> list[Entry]:
 
 
 def runtime_entry(row: Mapping[str, Any]) -> Entry:
-    """The schedule a run-time row defines; ``ValueError`` (or ``UnknownJobType``)
-    when its row holds what no schedule can be, or a target this process does not know."""
-    schedule = Schedule(
-        row["cron"], timezone=row["timezone"] or None, missed=row["missed"], input=row["input"]
-    )
+    """The schedule a run-time row defines, its input aside; ``ValueError`` (or
+    ``UnknownJobType``) when its row holds what no schedule can be, or a target this
+    process does not know.
+
+    The input is not part of it: it is read when a tick of the row fires
+    (``scheduler.read_input()``), so that what is kept of every schedule, and
+    read at every reread, stays small whatever the inputs are.
+    """
+    cron = row["cron"]
+    if isinstance(cron, str) and len(cron) > MAX_CRON:
+        raise ValueError(f"its cron expression is longer than {MAX_CRON} characters")
+    schedule = Schedule(cron, timezone=row["timezone"] or None, missed=row["missed"])
     target = find_target(row["job_type"])
     if target is None:
         raise UnknownJobType(
-            f"schedule {row['name']!r} targets {str(row['job_type'])[:200]!r}, which this "
-            "process does not know (a @job type, or a task whose module is imported)"
+            f"schedule {str(row['name'])[:200]!r} targets {str(row['job_type'])[:200]!r}, "
+            "which this process does not know (a @job type, or a task whose module is imported)"
         )
-    schedule = replace(schedule, input=target.check_input(schedule.input))
     return Entry(row["name"], target.job_type, target.pool, schedule, runtime=True)

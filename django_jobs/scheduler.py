@@ -26,6 +26,16 @@ locking is told here too:
   is never started under a definition that was changed or paused meanwhile;
   and a worker reads a run-time schedule's definition from the row it takes
   the ticks of, never from its memory, which may be ``RELOAD_INTERVAL`` old.
+  A row added again under a deleted one's name starts again at revision 1, so
+  the UPDATE also names the row's ``incarnation`` (new for every row made), and
+  so does the reread: a row deleted and added again between two rereads is a
+  new schedule to every worker, never the old one's state.
+* What a worker reads of a row is bounded, and read defensively: the reread
+  and the tick's read never select the input (a tick reads its own row's,
+  within ``MAX_INPUT_BYTES``, after its UPDATE matched), nor more of the cron
+  text than an expression may hold. A row holding what no schedule can be
+  (written by hand: the database is trusted, but one bad row must not stop
+  the others) is logged once per revision and left out, or retried alone.
 * A changed cron expression or time zone moves ``last_tick`` forward to the
   changer's now, as ``GREATEST(COALESCE(last_tick, created_at), now)`` in the
   same UPDATE (a worker's sync of a changed declaration, or ``change_schedule``):
@@ -43,6 +53,7 @@ locking is told here too:
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -52,15 +63,15 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import DatabaseError, connections, transaction
-from django.db.models import Value
-from django.db.models.functions import Coalesce, Greatest
+from django.db.models import Case, QuerySet, TextField, Value, When
+from django.db.models.functions import Cast, Coalesce, Greatest, Left, Length
 from django.utils import timezone
 
 from . import conf
-from .exceptions import UnknownJobType
+from .exceptions import ScheduleNotFound, UnknownJobType
 from .models import JobRun, JobSchedule, ScheduleSource
 from .schedule_targets import code_entries, find_target, runtime_entry
-from .schedules import Entry, Target, plan
+from .schedules import MAX_CRON, Entry, Target, plan, schedule_input
 from .storage.connections import discard_broken_connections
 from .storage.control import ControlConnection
 
@@ -72,20 +83,23 @@ ERROR_RETRY = timedelta(seconds=30)  # a schedule whose firing failed is tried a
 # take to see a schedule added, changed, paused, resumed or deleted.
 RELOAD_INTERVAL = 5.0
 RELOAD_BATCH = 500  # rows read at once when many changed
-# What fire() reads of a row: its state, and a run-time schedule's definition.
-ROW = (
+# What the workers read of a row: its state, and a run-time schedule's
+# definition, its input aside (read_input(), when a tick of the row fires) and
+# its cron text cut past the longest an expression may be (read_rows()).
+STATE = (
     "name",
     "source",
     "revision",
+    "incarnation",
     "paused_at",
     "last_tick",
     "created_at",
     "job_type",
-    "cron",
     "timezone",
     "missed",
-    "input",
 )
+# What tells a row's versions apart: a worker applies a row again when it changed.
+LISTED = ("source", "revision", "incarnation")
 
 
 @dataclass(frozen=True)
@@ -187,7 +201,7 @@ def fire(entry: Entry, now: datetime) -> Fired:
     target = None if entry.runtime else _target(entry)
     table = JobSchedule.objects.using(using)
     with transaction.atomic(using=using):
-        row = table.filter(name=entry.name).values(*ROW).first()
+        row = _read_one(table, entry.name)
         if row is None:
             if entry.runtime:  # deleted: nothing more to start
                 return Fired([], None)
@@ -207,8 +221,7 @@ def fire(entry: Entry, now: datetime) -> Fired:
             return Fired([], schedule.next_after(previous or row["created_at"]))
         next_tick = schedule.next_after(decided.latest)
         won = table.filter(
-            name=entry.name,
-            revision=row["revision"],
+            **_same_version(row),
             **({"last_tick__isnull": True} if previous is None else {"last_tick": previous}),
         ).update(
             last_tick=decided.latest,
@@ -219,8 +232,13 @@ def fire(entry: Entry, now: datetime) -> Fired:
         if not won:
             # Another worker took these ticks and committed, or an operator
             # changed the schedule: this statement's snapshot sees where it is.
-            return Fired([], _next_tick(entry, table.filter(name=entry.name).values(*ROW).first()))
-        runs = [target.start(schedule.input, entry.name, tick) for tick in decided.run]
+            return Fired([], _next_tick(entry, _read_one(table, entry.name)))
+        data = schedule.input
+        if entry.runtime and decided.run:
+            # Read now, for this row only: the UPDATE above holds its lock, so
+            # this is the input of the revision it matched.
+            data = target.check_input(schedule_input(read_input(entry.name), what="input"))
+        runs = [target.start(data, entry.name, tick) for tick in decided.run]
     if decided.missed:
         logger.warning(
             "schedule=%s missed=%s skipped=%d latest=%s",
@@ -238,6 +256,69 @@ def fire(entry: Entry, now: datetime) -> Fired:
             run.run_at.isoformat(),
         )
     return Fired(runs, next_tick)
+
+
+def _same_version(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The filter matching ``row`` only as read: same name, incarnation and revision."""
+    made = (
+        {"incarnation__isnull": True}
+        if row["incarnation"] is None
+        else {"incarnation": row["incarnation"]}
+    )
+    return {"name": row["name"], "revision": row["revision"], **made}
+
+
+def read_rows(rows: QuerySet[JobSchedule]) -> list[dict[str, Any]]:
+    """The state and definition of ``rows`` as the workers read them (``STATE``): no
+    input, and no more of the cron text than one longer than ``MAX_CRON`` shows."""
+    found = []
+    for row in rows.values(*STATE, cron_cut=Left("cron", MAX_CRON + 1)):
+        row["cron"] = row.pop("cron_cut")
+        found.append(row)
+    return found
+
+
+def _read_one(table: QuerySet[JobSchedule], name: str) -> dict[str, Any] | None:
+    rows = read_rows(table.filter(name=name))
+    return rows[0] if rows else None
+
+
+def read_input(name: str) -> Any:
+    """The stored input of run-time schedule ``name``, decoded from its JSON text.
+
+    ``ValueError`` when no run could take it, said without loading more than
+    three times ``MAX_INPUT_BYTES`` of it: longer than that as stored (``start()``
+    measures compact UTF-8; a stored text may add a space after each ``:`` and
+    ``,``, and MySQL and MariaDB hold Django's ASCII-only JSON, where "é" is the
+    six characters ``\\u00e9``: never three times as long), or JSON that Python
+    cannot read (nested past its recursion limit, a number of thousands of
+    digits). A row may hold anything: it is decoded here, where a failure is
+    this schedule's, not when rows are fetched.
+    """
+    bound = 3 * conf.get().MAX_INPUT_BYTES
+    text = Cast("input", TextField())
+    found = list(
+        JobSchedule.objects.using(_using())
+        .filter(name=name)
+        .annotate(size=Length(text))
+        .values_list(
+            "size",
+            Case(When(size__lte=bound, then=text), default=Value(None), output_field=TextField()),
+        )
+    )
+    if not found:
+        raise ScheduleNotFound(f"no schedule named {name[:200]!r}")
+    size, stored = found[0]
+    if size is None:
+        return None
+    if stored is None:
+        raise ValueError(f"the stored input is {size} characters long, more than runs may take")
+    try:
+        return json.loads(stored)
+    except RecursionError:
+        raise ValueError("the stored input is nested too deeply to be read") from None
+    except ValueError as exc:
+        raise ValueError(f"the stored input cannot be read: {str(exc)[:200]}") from None
 
 
 def _target(entry: Entry) -> Target:
@@ -295,8 +376,11 @@ class Scheduler:
         self.pools = None if pools is None else list(pools)
         self.entries = code_entries(self.pools)  # declared in code, for the worker's life
         self.runtime: dict[str, Entry] = {}  # added at run time, as last read
-        self.seen: dict[str, tuple[str, int] | None] = {}  # (source, revision) last applied
-        self.warned: dict[str, int] = {}  # revision of an unschedulable row, once logged
+        # Each row's version last applied (LISTED: source, revision, incarnation).
+        self.seen: dict[str, tuple[Any, ...] | None] = {}
+        # The version of a row whose failure was logged: once per version, not
+        # at every retry.
+        self.said: dict[str, tuple[Any, ...] | None] = {}
         self.stop = stop
         self.clock = clock
         self.due: dict[str, datetime] | None = None  # next tick by schedule; None: not synced
@@ -376,28 +460,45 @@ class Scheduler:
 
     def _fire(self, entry: Entry, now: datetime) -> Fired:
         try:
-            return fire(entry, now)
+            fired = fire(entry, now)
         except DatabaseError:
             raise  # the whole pass waits and retries
-        except Exception:
-            # A bad input, a target no longer known: this schedule only.
-            logger.exception("schedule=%s could not start its run; retrying later", entry.name)
+        except Exception as exc:
+            # A bad input, a target no longer known, a row holding what no
+            # schedule can be: this schedule only, tried again alone.
+            self._complain(
+                entry.name,
+                "schedule=%s could not start its run (%s); retrying every %ds",
+                entry.name,
+                _brief(exc),
+                ERROR_RETRY.seconds,
+            )
             return Fired([], now + ERROR_RETRY)
+        self.said.pop(entry.name, None)
+        return fired
+
+    def _complain(self, name: str, message: str, *args: Any) -> None:
+        """Log a schedule's failure once for each version of its row (at DEBUG, with
+        the traceback, afterwards): it is retried every 30 s or at every reread."""
+        version = self.seen.get(name)
+        again = name in self.said and self.said[name] == version
+        self.said[name] = version
+        if not again:
+            logger.warning(message, *args)
+        logger.debug(message, *args, exc_info=True)
 
     # --- seeing changes ---------------------------------------------------------------
 
     def reload(self, now: datetime) -> None:
         """Read which schedules changed since the last read, and apply what changed.
 
-        One query lists every row's name, source and revision; only the rows
-        that changed (added, edited, paused, resumed, deleted) are read whole.
+        One query lists every row's name, source, revision and incarnation;
+        only the rows that changed (added, edited, paused, resumed, deleted,
+        added again) are read, as ``read_rows()`` reads them: without inputs.
         """
         assert self.due is not None
         table = JobSchedule.objects.using(_using())
-        listing = {
-            name: (source, revision)
-            for name, source, revision in table.values_list("name", "source", "revision")
-        }
+        listing = {name: tuple(rest) for name, *rest in table.values_list("name", *LISTED)}
         first = self.loaded_at is None
         self.loaded_at = now
         code = {entry.name: entry for entry in self.entries}
@@ -411,21 +512,37 @@ class Scheduler:
             synced = {
                 name
                 for name in changed
-                if name in code and listing.get(name, ("", 0))[0] != ScheduleSource.RUNTIME
+                if name in code and listing.get(name, ("",))[0] != ScheduleSource.RUNTIME
             }
             self.seen.update({name: listing.get(name) for name in synced})
             changed = [name for name in changed if name not in synced]
         for batch in _batches(changed, RELOAD_BATCH):
-            rows = {row["name"]: row for row in table.filter(name__in=batch).values(*ROW)}
+            rows = {row["name"]: row for row in read_rows(table.filter(name__in=batch))}
             for name in batch:
-                self._apply(name, rows.get(name), code.get(name), now)
+                self.seen[name] = listing.get(name)
+                try:
+                    self._apply(name, rows.get(name), code.get(name), now)
+                except DatabaseError:
+                    raise
+                except Exception as exc:
+                    # Whatever a row holds, the other schedules go on. Read again
+                    # at the next reread (a task's module may be imported by then).
+                    self._complain(
+                        name,
+                        "schedule=%s revision=%s not scheduled: %s",
+                        name,
+                        rows[name]["revision"] if name in rows else None,
+                        _brief(exc),
+                    )
+                    self.seen.pop(name, None)
+                    self.due.pop(name, None)
+                    self.runtime.pop(name, None)
 
     def _apply(
         self, name: str, row: Mapping[str, Any] | None, code: Entry | None, now: datetime
     ) -> None:
         """Schedule ``name`` as its ``row`` (just read; None: deleted) now has it."""
         assert self.due is not None
-        self.seen[name] = None if row is None else (row["source"], row["revision"])
         self.runtime.pop(name, None)
         self.due.pop(name, None)
         if row is not None and row["source"] == ScheduleSource.RUNTIME:
@@ -437,7 +554,7 @@ class Scheduler:
         elif code is not None and row is not None:
             logger.info("schedule=%s revision=%s %s", name, row["revision"], _state(row))
             if row["paused_at"] is None:
-                self.due[name] = code.schedule.next_after(row["last_tick"] or row["created_at"])
+                self.due[name] = code.schedule.next_after(_after(row))
         elif row is None:
             del self.seen[name]
             logger.info("schedule=%s deleted", name)
@@ -445,19 +562,9 @@ class Scheduler:
     def _apply_runtime(self, row: Mapping[str, Any]) -> None:
         assert self.due is not None
         name = row["name"]
-        try:
-            entry = runtime_entry(row)
-        except Exception as exc:  # whatever a row holds, the other schedules go on
-            # Read again at the next reload (a task's module may be imported by
-            # then); said once per revision.
-            del self.seen[name]
-            if self.warned.get(name) != row["revision"]:
-                self.warned[name] = row["revision"]
-                logger.warning(
-                    "schedule=%s revision=%s not scheduled: %s", name, row["revision"], exc
-                )
-            return
-        self.warned.pop(name, None)
+        entry = runtime_entry(row)
+        due = None if row["paused_at"] else entry.schedule.next_after(_after(row))
+        self.said.pop(name, None)
         if self.pools is not None and entry.pool not in self.pools:
             return
         self.runtime[name] = entry
@@ -468,8 +575,18 @@ class Scheduler:
             _state(row),
             entry.job_type,
         )
-        if row["paused_at"] is None:
-            self.due[name] = entry.schedule.next_after(row["last_tick"] or row["created_at"])
+        if due is not None:
+            self.due[name] = due
+
+
+def _after(row: Mapping[str, Any]) -> datetime:
+    """Where a row's ticks go on from: its latest handled tick, or when it was made."""
+    return row["last_tick"] or row["created_at"]  # type: ignore[no-any-return]
+
+
+def _brief(exc: BaseException) -> str:
+    """An exception as one short log line: a row may have put anything in its message."""
+    return f"{type(exc).__name__}: {str(exc)[:500]}"
 
 
 def _state(row: Mapping[str, Any]) -> str:

@@ -536,6 +536,39 @@ def test_the_scheduler_sees_changes_at_its_next_read() -> None:
     assert len(ticks("ops.seen")) == 2
 
 
+@pytest.mark.parametrize(
+    ("before", "again"),
+    [
+        # Added paused, then deleted and added again, active.
+        ({"cron": "* * * * *", "paused": True}, {}),
+        # A daily cron added again as every minute, catching up, with a new input:
+        # a worker keeping the old row's state would wait for midnight, and then
+        # start 100 runs at once.
+        ({"cron": "0 0 * * *", "input": {"v": 1}}, {"missed": "catch_up", "input": {"v": 2}}),
+    ],
+    ids=["paused, again active", "daily, again every minute"],
+)
+def test_a_schedule_deleted_and_added_again_between_two_rereads_is_a_new_one(
+    before: dict[str, Any], again: dict[str, Any]
+) -> None:
+    """Both rows are at revision 1: the worker tells them apart by their incarnation."""
+    clock = Clock(utc(2026, 1, 1, 10, 0, 30))
+    scheduler = Scheduler(["default"], threading.Event(), clock=clock)
+    add_schedule("ops.again", "tests.record", timezone="UTC", **before)
+    made_at("ops.again", utc(2026, 1, 1, 10))
+    scheduler.step()
+    with transaction.atomic():
+        delete_schedule("ops.again")
+        add_schedule("ops.again", "tests.record", "* * * * *", timezone="UTC", **again)
+        made_at("ops.again", utc(2026, 1, 1, 10))
+    assert JobSchedule.objects.get().revision == 1
+    for minute in (1, 2):
+        clock.now = utc(2026, 1, 1, 10, minute, 1)
+        scheduler.step()
+    assert ticks("ops.again") == [utc(2026, 1, 1, 10, 1), utc(2026, 1, 1, 10, 2)]
+    assert [run.input for run in JobRun.objects.all()] == [again.get("input", {})] * 2
+
+
 def test_a_worker_with_a_stale_definition_fires_the_rows() -> None:
     add_schedule("ops.stale", "tests.noop", "0 * * * *", input={"v": 1})
     made_at("ops.stale", utc(2026, 1, 1), last_tick=utc(2026, 1, 1, 9))

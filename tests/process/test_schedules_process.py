@@ -239,3 +239,41 @@ def test_workers_follow_schedules_changed_under_them(start_worker: StartWorker) 
     for name, after in [("rt.added", added), ("rt.edited", edited), ("rt.paused", first)]:
         assert_one_run_per_tick(name, after)
     assert_one_run_per_tick("rt.every")
+
+
+def test_a_schedule_deleted_and_added_again_under_running_workers_is_a_new_one(
+    start_worker: StartWorker,
+) -> None:
+    """Added again under its name, a schedule is at revision 1 again, as the one the
+    workers last read was: they must still see a new schedule, not keep the old
+    one's state (paused; waiting for a daily tick)."""
+    workers = [start_worker("--pool", "default", "--concurrency", "2") for _ in range(3)]
+    seen_by_all(workers, "scheduler started schedules=")
+    add_schedule("rt.again-paused", "tests.record", "* * * * *", timezone="UTC", paused=True)
+    add_schedule(
+        "rt.again-input", "tests.record", "* * * * *", timezone="UTC", paused=True, input={"v": 1}
+    )
+    add_schedule("rt.again-daily", "tests.record", "0 0 * * *", timezone="UTC")
+    seen_by_all(workers, "schedule=rt.again-paused revision=1 paused")
+    seen_by_all(workers, "schedule=rt.again-input revision=1 paused")
+    seen_by_all(workers, "schedule=rt.again-daily revision=1 active")
+
+    # In one transaction: no reread of the workers can fall between the two.
+    last = minute() - 2 * MINUTE
+    names = ["rt.again-paused", "rt.again-input", "rt.again-daily"]
+    with transaction.atomic():
+        for name in names:
+            delete_schedule(name)
+        add_handled_until("rt.again-paused", "tests.record", last, missed="catch_up")
+        add_handled_until("rt.again-input", "tests.record", last, missed="catch_up", input={"v": 2})
+        add_handled_until("rt.again-daily", "tests.record", last, missed="catch_up")
+    assert set(JobSchedule.objects.values_list("revision", flat=True)) == {1}
+    for name in names:
+        wait_until(lambda name=name: runs_of(name).count() >= 2, timeout=60)  # type: ignore[misc]
+
+    stop(workers)
+    for worker in workers:
+        assert "Traceback" not in worker.output(), worker.output()[-3000:]
+    for name in names:
+        assert_one_run_per_tick(name, after=last)
+    assert all(run.input == {"v": 2} for run in runs_of("rt.again-input"))
