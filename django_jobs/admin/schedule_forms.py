@@ -19,28 +19,39 @@ from django.utils.translation import gettext_lazy as _
 from ..exceptions import InvalidSchedule
 from ..models import JobSchedule
 from ..schedule_api import FIELDS, Definition, check_definition, check_name
+from ..scheduler import read_input
 from ..schedules import MISSED_POLICIES
 
 
 class InputField(forms.JSONField):
-    """A JSON value, where text nested past what ``json`` can parse is an error, not a crash."""
+    """A JSON value, where text ``json`` cannot parse is an error, not a crash: nested
+    past its recursion limit, or a number of more digits than Python converts (4,300)."""
 
     def to_python(self, value: Any) -> Any:
         try:
             return super().to_python(value)
         except RecursionError:
             raise ValidationError(_("Input nests too deeply."), code="invalid") from None
+        except ValueError:
+            raise ValidationError(self.error_messages["invalid"], code="invalid") from None
 
     def bound_data(self, data: Any, initial: Any) -> Any:
         try:
             return super().bound_data(data, initial)
-        except RecursionError:
+        except (RecursionError, ValueError):
             return forms.fields.InvalidJSONInput(data)
 
     def prepare_value(self, value: Any) -> Any:
         if isinstance(value, forms.fields.InvalidJSONInput):
             return value
-        return json.dumps(value, ensure_ascii=False, cls=self.encoder)
+        text = json.dumps(value, ensure_ascii=False, cls=self.encoder)
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            # A lone surrogate ("\ud800" typed as JSON): written as its escape,
+            # which the page can carry and the form then refuses again.
+            text = json.dumps(value, cls=self.encoder)
+        return text
 
 
 class ScheduleForm(forms.ModelForm):  # type: ignore[type-arg]
@@ -102,11 +113,8 @@ class ScheduleForm(forms.ModelForm):  # type: ignore[type-arg]
         data = super().clean() or {}
         if self.errors:
             return data
-        values = {
-            field: data.get(field) if field in self.fields else getattr(self.instance, field)
-            for field in FIELDS
-        }
         try:
+            values = {field: self._value(data, field) for field in FIELDS}
             if self.instance._state.adding:
                 check_name(data.get("name"))
             self.definition = check_definition(**values)
@@ -114,6 +122,20 @@ class ScheduleForm(forms.ModelForm):  # type: ignore[type-arg]
             field = exc.field if exc.field in self.fields else None
             self.add_error(field, str(exc))
         return data
+
+    def _value(self, data: dict[str, Any], field: str) -> Any:
+        """What ``field`` will hold: as given, or as stored (an input not offered
+        for editing is read as the API reads it, within ``MAX_INPUT_BYTES``)."""
+        if field in self.fields:
+            return data.get(field)
+        if field != "input":
+            return getattr(self.instance, field)
+        try:
+            return read_input(self.instance.name)
+        except ValueError as exc:
+            raise InvalidSchedule(
+                f"{exc}: delete this schedule and add it again with an input", "input"
+            ) from None
 
     def validate_unique(self) -> None:
         # The API says it (a taken name, in its words); the model's check would say it twice.

@@ -13,8 +13,9 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.core.exceptions import BadRequest
 from django.db.models import BooleanField, Case, QuerySet, Value, When
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.html import format_html
@@ -32,12 +33,15 @@ from ..schedule_api import (
     delete_schedule,
     pause_schedule,
     resume_schedule,
+    storable_name,
 )
 from ..schedule_targets import code_entries, runtime_entry
-from ..schedules import MAX_CRON, Entry, plan
-from .display import EMPTY, SHOWN, pretty_json, stored_size, timestamp
+from ..schedules import Entry, plan
+from .display import EMPTY
 from .labels import FieldLabels
+from .params import CheckedChangeList
 from .schedule_forms import ScheduleForm
+from .schedule_rows import ScheduleRowsMixin, bounded, cron_is_whole, load_definition, when
 
 CRON_SHOWN = 100  # characters of a cron expression in the list (a row may hold any text)
 PREVIEWED = 100  # schedules listed on a confirmation page
@@ -61,8 +65,23 @@ def _declared() -> dict[str, Entry]:
     return {entry.name: entry for entry in code_entries(None)}
 
 
+def _instant(field: str, label: Any) -> Any:
+    """A column showing a stored instant as ``when()`` does (a row may hold any)."""
+
+    @admin.display(description=label, ordering=field)
+    def shown(self: Any, schedule: JobSchedule) -> SafeString | str:
+        return when(getattr(schedule, field))
+
+    return shown
+
+
 @admin.register(JobSchedule)
-class JobScheduleAdmin(FieldLabels, admin.ModelAdmin):  # type: ignore[type-arg]
+class JobScheduleAdmin(
+    ScheduleRowsMixin,
+    CheckedChangeList,
+    FieldLabels,
+    admin.ModelAdmin,  # type: ignore[type-arg]
+):
     field_labels = {
         "name": _("name"),
         "source": _("source"),
@@ -86,8 +105,8 @@ class JobScheduleAdmin(FieldLabels, admin.ModelAdmin):  # type: ignore[type-arg]
         "timezone",
         "missed",
         "state",
-        "last_tick",
-        "next_tick",
+        "last_tick_shown",
+        "next_tick_shown",
     ]
     list_filter = ["source", PausedFilter, "missed"]
     search_fields = ["name", "job_type"]
@@ -96,7 +115,7 @@ class JobScheduleAdmin(FieldLabels, admin.ModelAdmin):  # type: ignore[type-arg]
     def get_queryset(self, request: HttpRequest) -> QuerySet[JobSchedule]:
         queryset: QuerySet[JobSchedule] = super().get_queryset(request)
         names = list(_declared())
-        return queryset.using(conf.get().DATABASE).annotate(
+        return bounded(queryset.using(conf.get().DATABASE)).annotate(
             declared_in_code=Case(
                 When(name__in=names, then=Value(True)),
                 default=Value(False),
@@ -104,7 +123,30 @@ class JobScheduleAdmin(FieldLabels, admin.ModelAdmin):  # type: ignore[type-arg]
             )
         )
 
+    def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
+        # A name no row can hold (a NUL, a lone surrogate, too long) is a crafted
+        # URL: 404, rather than a statement PostgreSQL refuses.
+        if from_field is None and not storable_name(object_id):
+            raise Http404("no such schedule")
+        schedule = super().get_object(request, object_id, from_field)
+        if schedule is not None:
+            load_definition(schedule)
+        return schedule
+
+    def response_action(  # type: ignore[override]
+        self, request: HttpRequest, queryset: QuerySet[JobSchedule]
+    ) -> Any:
+        # The list posts the ticked schedules' names; one no row can hold is crafted.
+        if not all(map(storable_name, request.POST.getlist(helpers.ACTION_CHECKBOX_NAME))):
+            raise BadRequest("a selected schedule is not a schedule's name")
+        return super().response_action(request, queryset)
+
     # --- columns ------------------------------------------------------------------
+
+    last_tick_shown = _instant("last_tick", _("last tick"))
+    next_tick_shown = _instant("next_tick", _("next tick"))
+    created_at_shown = _instant("created_at", _("created at"))
+    updated_at_shown = _instant("updated_at", _("updated at"))
 
     @admin.display(description=_("declared"), boolean=True)
     def declared(self, schedule: JobSchedule) -> bool:
@@ -122,13 +164,13 @@ class JobScheduleAdmin(FieldLabels, admin.ModelAdmin):  # type: ignore[type-arg]
 
     @admin.display(description=_("cron"), ordering="cron")
     def cron_shown(self, schedule: JobSchedule) -> str:
-        cron = str(schedule.cron)
+        cron = str(getattr(schedule, "cron_cut", schedule.cron))
         return cron if len(cron) <= CRON_SHOWN else cron[:CRON_SHOWN] + "…"
 
     @admin.display(description=_("state"))
     def state(self, schedule: JobSchedule) -> SafeString | str:
         if schedule.paused:
-            return format_html("{} {}", _("paused since"), timestamp(schedule.paused_at))
+            return format_html("{} {}", _("paused since"), when(schedule.paused_at))
         if self.overdue(schedule):
             return str(_("overdue: no worker of its pool schedules it"))
         return str(_("active"))
@@ -142,10 +184,10 @@ class JobScheduleAdmin(FieldLabels, admin.ModelAdmin):  # type: ignore[type-arg]
 
     @admin.display(description=_("input"))
     def input_shown(self, schedule: JobSchedule) -> SafeString | str:
-        if schedule.runtime:
-            return pretty_json(schedule.input)
-        entry = _declared().get(schedule.name)
-        return EMPTY if entry is None else pretty_json(entry.schedule.input)
+        entry = None if schedule.runtime else _declared().get(schedule.name)
+        if entry is None and not schedule.runtime:
+            return EMPTY
+        return self.shown_input(schedule, None if entry is None else entry.schedule.input)
 
     # --- the pages: who may do what -------------------------------------------------
 
@@ -165,10 +207,10 @@ class JobScheduleAdmin(FieldLabels, admin.ModelAdmin):  # type: ignore[type-arg]
         if obj is None:
             return ["name", *FIELDS, "paused"]
         editable = self.has_change_permission(request, obj)
-        # Values the API would not accept (a row written some other way) are shown,
-        # cut, rather than put whole in a form field.
-        cron = "cron" if editable and len(str(obj.cron)) <= MAX_CRON else "cron_shown"
-        small = obj.runtime and stored_size(obj.input) <= SHOWN
+        # Values the API would not accept (a row written some other way), or too
+        # big for a page, are shown cut rather than put whole in a form field.
+        cron = "cron" if editable and cron_is_whole(obj) else "cron_shown"
+        small = obj.runtime and getattr(obj, "input_whole", False)
         return [
             "name",
             "origin",
@@ -178,11 +220,11 @@ class JobScheduleAdmin(FieldLabels, admin.ModelAdmin):  # type: ignore[type-arg]
             "missed",
             "input" if editable and small else "input_shown",
             "state",
-            "last_tick",
-            "next_tick",
+            "last_tick_shown",
+            "next_tick_shown",
             "revision",
-            "created_at",
-            "updated_at",
+            "created_at_shown",
+            "updated_at_shown",
         ]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
@@ -295,14 +337,15 @@ def _resumed(schedule: JobSchedule, now: Any) -> str:
         return str(_("not paused: nothing changes"))
     try:
         if schedule.runtime:
-            entry: Entry | None = runtime_entry(schedule.__dict__)
+            row = {f: getattr(schedule, f) for f in ("name", "job_type", "timezone", "missed")}
+            entry: Entry | None = runtime_entry({**row, "cron": schedule.cron_cut})  # type: ignore[attr-defined]
         else:
             entry = _declared().get(schedule.name)
-    except (JobsError, ValueError) as exc:
+        if entry is None:
+            return str(_("no longer declared: nothing starts"))
+        decided = plan(entry.schedule, schedule.last_tick or schedule.created_at, now)
+    except Exception as exc:  # whatever the row holds (a year 9999 overflows)
         return str(_("cannot be scheduled: %(error)s") % {"error": str(exc)[:300]})
-    if entry is None:
-        return str(_("no longer declared: nothing starts"))
-    decided = plan(entry.schedule, schedule.last_tick or schedule.created_at, now)
     if not decided.run and not decided.missed:
         return str(_("no tick was missed"))
     return str(
