@@ -1,4 +1,5 @@
-"""Every field a caller or a handler can fill, filled with the worst at once (issue 16).
+"""Every field a caller or a handler can fill, filled with the worst at once (issue 16),
+and rows no caller could write, with crafted requests (issue 32).
 
 The budget, per admin page and per command: at most ``PAGE_BUDGET`` bytes of
 output and ``QUERY_BUDGET`` queries, whatever the runs hold; nothing a payload
@@ -14,10 +15,10 @@ import re
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
 from django.db import connection
-from django.test import Client
+from django.test import Client, RequestFactory
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -106,6 +107,53 @@ def hostile() -> JobRun:
     return JobRun.objects.get(pk=run.pk)
 
 
+def store(pk: int, column: str, text: str) -> None:
+    """Write JSON ``text`` into a run's column as it is: the ORM could not encode it,
+    and MariaDB's CHECK (JSON_VALID) refuses nesting past 32 levels."""
+    table = connection.ops.quote_name("django_jobs_jobrun")
+    cast = "::jsonb" if connection.vendor == "postgresql" else ""
+    checks = "SET SESSION check_constraint_checks = {}" if connection.vendor == "mysql" else ""
+    with connection.cursor() as cursor:
+        if checks:
+            cursor.execute(checks.format(0))
+        cursor.execute(
+            f"UPDATE {table} SET {connection.ops.quote_name(column)} = %s{cast} WHERE id = %s",
+            [text, pk],
+        )
+        if checks:
+            cursor.execute(checks.format(1))
+
+
+@pytest.fixture
+def forged(hostile: JobRun) -> list[JobRun]:
+    """Rows no caller of the API could write, beside the hostile family (issue 32):
+    a progress of a 5,001-digit number, one whose date is no date, JSON nested
+    10,000 deep, 200,000 tags and worker ids, reasons of megabytes, a worker
+    serving 200,000 pools."""
+    huge = "1" + "0" * 5_000
+    runs = [start("tests.noop", {}) for _ in range(4)]
+    running = {"status": Status.RUNNING, "attempts": 1, "started_at": timezone.now()}
+    JobRun.objects.filter(pk__in=[r.pk for r in runs[:2]]).update(**running)
+    store(runs[0].pk, "progress", f'{{"done": {huge}, "total": 3, "message": "{huge}"}}')
+    store(runs[0].pk, "input", f'{{"n": {huge}}}')
+    store(runs[0].pk, "error", "[" * 10_000 + "]" * 10_000)
+    JobRun.objects.filter(pk=runs[1].pk).update(
+        progress={"done": 1, "total": 2, "message": EVIL, "at": "2026-13-45T99:99:99"}
+    )
+    # One column a statement: within MariaDB's largest (max_allowed_packet, 16 MB).
+    forged_run = JobRun.objects.filter(pk=runs[2].pk)
+    forged_run.update(status=Status.CANCELED, tags=[EVIL[:16]] * 200_000)
+    forged_run.update(worker_ids=[PRINTABLE_EVIL[:36]] * 200_000)
+    forged_run.update(cancel_reason=PRINTABLE_EVIL * 50_000)
+    store(runs[3].pk, "trace_context", f'{{"n": {huge}}}')
+    store(runs[3].pk, "awaiting", "[" * 10_000 + "]" * 10_000)
+    Worker.objects.create(
+        hostname="forged", pid=2, pools=[f"p{n}" for n in range(200_000)], concurrency=1
+    )
+    JobPool.objects.filter(name="default").update(pause_reason=PRINTABLE_EVIL * 50_000)
+    return runs
+
+
 @pytest.fixture
 def admin_client() -> Client:
     client = Client()
@@ -123,9 +171,11 @@ def within_budget(client: Client, url: str) -> bytes:
     return bytes(response.content)
 
 
-def test_every_admin_page_stays_within_budget(hostile: JobRun, admin_client: Client) -> None:
+def test_every_admin_page_stays_within_budget(
+    hostile: JobRun, forged: list[JobRun], admin_client: Client
+) -> None:
     run = f"/admin/django_jobs/jobrun/{hostile.pk}"
-    worker = Worker.objects.get()
+    worker = Worker.objects.get(pid=1)
     step = JobStep.objects.filter(run=hostile).order_by("seq").first()
     assert step is not None
     pages = [
@@ -140,19 +190,90 @@ def test_every_admin_page_stays_within_budget(hostile: JobRun, admin_client: Cli
         "/admin/django_jobs/worker/",
         f"/admin/django_jobs/worker/{worker.pk}/change/",
         "/admin/django_jobs/jobschedule/",
+        f"/admin/django_jobs/worker/{Worker.objects.get(pid=2).pk}/change/",
+        *(f"/admin/django_jobs/jobrun/{r.pk}/change/" for r in forged),
+        f"/admin/django_jobs/jobrun/{forged[0].pk}/cancel/",
+        f"{run}/retry/",
     ]
     for url in pages:
         within_budget(admin_client, url)
     # The downloads are the whole values, as compact JSON files: not pages.
-    for url in (f"{run}/payload/input/", f"{run}/payload/error/", f"{run}/steps/{step.pk}/error/"):
+    forged_run = f"/admin/django_jobs/jobrun/{forged[0].pk}"
+    for url in (
+        f"{run}/payload/input/",
+        f"{run}/payload/error/",
+        f"{run}/steps/{step.pk}/error/",
+        f"{forged_run}/payload/input/",
+        f"{forged_run}/payload/error/",
+    ):
         response = admin_client.get(url)
         assert response.status_code == 200
         assert response["Content-Disposition"].startswith("attachment;")
         assert len(response.content) < 2_000_000
 
 
-def test_every_command_stays_within_budget(hostile: JobRun) -> None:
-    for command in (["jobstatus"], ["jobstatus", "--json"], ["jobpool", "list"]):
+# Crafted requests (issue 32 §4): each is answered 4xx, whatever the rows hold.
+CRAFTED = [
+    "/admin/django_jobs/jobrun/?tenant=%00",
+    "/admin/django_jobs/jobrun/?pool=%00",
+    "/admin/django_jobs/jobrun/?job_type=%00",
+    "/admin/django_jobs/jobrun/?status=%00",
+    "/admin/django_jobs/jobrun/?status__exact=%00",
+    "/admin/django_jobs/jobrun/?q=%00",
+    "/admin/django_jobs/jobrun/?created_at__gte=%00",
+    "/admin/django_jobs/jobrun/?created_at__lt=2026-13-45",
+    "/admin/django_jobs/jobrun/?parent=x",
+    "/admin/django_jobs/worker/?status=%00",
+    "/admin/django_jobs/jobrun/%00/retry/",
+    "/admin/django_jobs/jobrun/1/payload/input%00/",
+    "/admin/django_jobs/jobrun/%00/payload/input/",
+]
+# Django's answer to an object page whose id names no object: back to the
+# admin's index, saying so.
+MISSING = ["/admin/django_jobs/jobrun/1%00/change/", "/admin/django_jobs/worker/%00/change/"]
+
+
+def test_every_crafted_request_answers_4xx(
+    hostile: JobRun, forged: list[JobRun], admin_client: Client
+) -> None:
+    viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
+    viewer.user_permissions.set(
+        Permission.objects.filter(codename__in=["view_jobrun", "view_worker", "retry_jobrun"])
+    )
+    for user in (admin_client, Client(raise_request_exception=False)):
+        if user is not admin_client:
+            user.force_login(viewer)
+        user.raise_request_exception = False
+        for url in CRAFTED:
+            response = user.get(url)
+            assert 400 <= response.status_code < 500, (url, response.status_code)
+        for url in MISSING:
+            response = user.get(url)
+            assert (response.status_code, response["Location"]) == (302, "/admin/"), url
+        # Select all, then Retry, with ids that are not ids: nothing is retried.
+        for selected in (["x"], [str(forged[2].pk), "\0"], ["1.5"]):
+            for extra in ({}, {"select_across": "1"}, {"confirm": "yes"}):
+                data = {"action": "retry_runs", "_selected_action": selected, "index": "0"}
+                response = user.post("/admin/django_jobs/jobrun/", {**data, **extra})
+                assert response.status_code == 400, (selected, extra, response.status_code)
+    assert JobRun.objects.get(pk=forged[2].pk).status == Status.CANCELED
+
+
+def test_every_command_stays_within_budget(
+    hostile: JobRun, forged: list[JobRun], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupt(seconds: float) -> None:
+        raise KeyboardInterrupt  # what stops --watch
+
+    monkeypatch.setattr("time.sleep", interrupt)
+    commands = [
+        ["jobstatus"],
+        ["jobstatus", "--json"],
+        ["jobstatus", "--watch", "1"],
+        ["jobstatus", "--watch", "1", "--json"],
+        ["jobpool", "list"],
+    ]
+    for command in commands:
         out, err = io.StringIO(), io.StringIO()
         with CaptureQueriesContext(connection) as queries:
             call_command(*command, stdout=out, stderr=err)
@@ -160,3 +281,16 @@ def test_every_command_stays_within_budget(hostile: JobRun) -> None:
         assert len(text.encode()) < PAGE_BUDGET, command
         assert len(queries) <= QUERY_BUDGET, command
         assert not CONTROL.search(text), (command, text)
+        if command[-1] != "list":
+            assert f"#{forged[0].pk} " in text or f'"run_id": {forged[0].pk},' in text
+
+
+def test_the_metrics_scrape_stays_within_budget(hostile: JobRun, forged: list[JobRun]) -> None:
+    from django_jobs.metrics import metrics_view
+
+    with CaptureQueriesContext(connection) as queries:
+        response = metrics_view(RequestFactory().get("/metrics"))
+    assert response.status_code == 200
+    assert b"django_jobs_queue_up 1.0" in response.content
+    assert len(response.content) < PAGE_BUDGET
+    assert len(queries) <= QUERY_BUDGET
