@@ -18,9 +18,10 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from django_jobs import add_schedule, pause_schedule, resume_schedule
+from django_jobs import Schedule, add_schedule, job, pause_schedule, resume_schedule
 from django_jobs.models import JobRun, JobSchedule
-from django_jobs.scheduler import Scheduler
+from django_jobs.registry import unregister
+from django_jobs.scheduler import Scheduler, run_schedules
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -138,6 +139,39 @@ def test_a_hostile_row_fails_alone_with_one_log_line(
     assert len(said) <= 1, [r.getMessage()[:300] for r in said]
     assert all(len(r.getMessage()) < 2_000 for r in caplog.records)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR and r.exc_info]
+
+
+CODE_ROWS = {
+    "last tick in year 9999": {"last_tick": utc(9999, 12, 31, 23, 59)},
+    "created in year 9999": {"created_at": utc(9999, 12, 31, 23, 59)},
+    "cron of 1 MB": {"cron": "* " * 500_000},
+    "source unknown": {"source": "evil"},
+    "revision at the integer's end": {"revision": 2**31 - 1},
+}
+
+
+@pytest.mark.parametrize("changes", CODE_ROWS.values(), ids=CODE_ROWS.keys())
+def test_a_code_schedules_hostile_row_stops_no_other(
+    changes: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    job("ops.coded", schedule=Schedule("* * * * *", timezone="UTC"))(lambda ctx: None)
+    try:
+        add_schedule("ops.good", "tests.noop", "* * * * *", timezone="UTC")
+        run_schedules(utc(2026, 1, 1, 10))  # the code schedule's row
+        JobSchedule.objects.update(created_at=utc(2026, 1, 1, 10))
+        clock = Clock(utc(2026, 1, 1, 10, 0, 30))
+        scheduler = Scheduler(["default"], threading.Event(), clock=clock)
+        scheduler.step()
+        JobSchedule.objects.filter(name="ops.coded").update(**changes)
+        with caplog.at_level(logging.WARNING, logger="django_jobs"):
+            for minute in (1, 2, 3):
+                clock.now = utc(2026, 1, 1, 10, minute, 1)
+                scheduler.step()
+    finally:
+        unregister("ops.coded")
+    assert ticks("ops.good") == [utc(2026, 1, 1, 10, m) for m in (1, 2, 3)]
+    said = [r.getMessage()[:300] for r in caplog.records if "ops.coded" in r.getMessage()]
+    assert len(said) <= 1, said
 
 
 @pytest.mark.parametrize("hostile", HOSTILE_ROWS.values(), ids=HOSTILE_ROWS.keys())
