@@ -292,3 +292,22 @@ def test_one_log_line_per_bad_value(
     assert len(said) == 1, [r.getMessage() for r in said]
     assert "progress" in said[0].getMessage()
     assert said[0].levelno == logging.WARNING
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        [1, 2],
+        "boom",
+        {"type": 5, "message": ["m"], "traceback": {"t": 1}, "attempt": "x" * 5_000},
+        {"type": "t" * 5_000, "message": "m", "retryable": [False]},
+    ],
+)
+def test_an_error_of_the_wrong_shape_is_shown(client: Client, error: Any) -> None:
+    run = JobRunFactory(status=Status.FAILED, attempts=1, error=error)
+    waiting = JobRunFactory(status=Status.WAITING, awaiting="not a list", trace_context=[1])
+    html = page(client, run_url(run))
+    assert "x" * 21 not in html  # an attempt number is shown cut
+    assert "t" * 1_001 not in html
+    page(client, run_url(waiting))
+    page(client, CHANGELIST)
