@@ -3,7 +3,8 @@
 There is no leader. Each worker keeps the next tick of each of its schedules in
 memory, and touches the database at start, when a tick is due, and every
 ``RELOAD_INTERVAL`` seconds to see which schedules were added, changed, paused,
-resumed or deleted (one narrow query: every row's name, source and revision).
+resumed or deleted (one narrow query: every row's name, source, revision and
+incarnation).
 This module holds the statements the workers write ``JobSchedule`` rows with;
 the operators' (``schedule_api.py``) are each one short statement, and their
 locking is told here too:
@@ -557,6 +558,7 @@ class Scheduler:
                 self.due[name] = code.schedule.next_after(_after(row))
         elif row is None:
             del self.seen[name]
+            self.said.pop(name, None)
             logger.info("schedule=%s deleted", name)
 
     def _apply_runtime(self, row: Mapping[str, Any]) -> None:

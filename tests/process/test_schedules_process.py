@@ -269,7 +269,7 @@ def test_a_schedule_deleted_and_added_again_under_running_workers_is_a_new_one(
         add_handled_until("rt.again-daily", "tests.record", last, missed="catch_up")
     assert set(JobSchedule.objects.values_list("revision", flat=True)) == {1}
     for name in names:
-        wait_until(lambda name=name: runs_of(name).count() >= 2, timeout=60)  # type: ignore[misc]
+        wait_until(lambda name=name: runs_of(name).count() >= 2, timeout=60)
 
     stop(workers)
     for worker in workers:
