@@ -268,8 +268,12 @@ def test_rate_limited_runs_on_the_pools_page(client: Client, settings: Any) -> N
     settings.DJANGO_JOBS = {"RATE_LIMITS": {"ratelimited": "100/m"}}
     for _ in range(3):
         JobRunFactory(job_type="tests.limited", pool="ratelimited")
-    JobRateLimit.objects.create(
-        scope="job", name="tests.limited", open_at=timezone.now() + timedelta(minutes=5)
+    JobRateLimit.objects.create(  # closed under tests.limited's own rate, 20/s
+        scope="job",
+        name="tests.limited",
+        limit=20,
+        period=1.0,
+        open_at=timezone.now() + timedelta(minutes=5),
     )
     content = page(client, reverse("admin:django_jobs_jobrun_pools"))
     assert "(3 retenues par la limite de débit)" in content
