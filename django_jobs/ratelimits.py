@@ -104,9 +104,13 @@ class Limits:
     def __bool__(self) -> bool:
         return bool(self.jobs or self.pools)
 
-    def signature(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """What the runs a claim leaves to the limited claim depend on (hashable)."""
-        return tuple(sorted(self.jobs)), tuple(sorted(self.pools))
+    def signature(self) -> tuple[Any, ...]:
+        """What a claim's statement depends on: every limit and its rate (hashable)."""
+        return (
+            tuple(sorted((name, rate.count, rate.seconds) for name, rate in self.jobs.items())),
+            tuple(sorted(self.keyed)),
+            tuple(sorted((name, rate.count, rate.seconds) for name, rate in self.pools.items())),
+        )
 
 
 def in_force(handlers: Mapping[str, Job], pools: Iterable[str] | None = None) -> Limits:

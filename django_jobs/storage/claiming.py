@@ -11,6 +11,7 @@ spends its attempts. Every later write to the run is fenced on that token
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import uuid
 from collections.abc import Callable, Sequence
@@ -27,7 +28,9 @@ from django.db import (
     transaction,
 )
 from django.db.models import (
+    BooleanField,
     Exists,
+    ExpressionWrapper,
     F,
     OuterRef,
     Q,
@@ -187,35 +190,61 @@ def claim_batch(
 ) -> list[Claim]:
     """Claim up to ``limit`` due runs of ``pools`` (all pools when None) for this worker.
 
-    Highest priority first, then the oldest ``run_at``. Where the database claims
-    in one statement, a new ``plan`` number makes the server plan it afresh.
-    ``job_types`` limits the claim to some job types or excludes them (a worker's
-    event loop claims its async types, its threads the others). Runs under one of
-    the rate ``limits`` are claimed apart, after the others, as their limits
-    allow (``storage.ratelimits``); without ``limits`` no limit is enforced.
+    Highest priority first, then the oldest ``run_at``, runs under the rate
+    ``limits`` and the others alike; without ``limits`` no limit is enforced.
+    Where the database claims in one statement, a new ``plan`` number makes the
+    server plan it afresh. ``job_types`` limits the claim to some job types or
+    excludes them (a worker's event loop claims its async types, its threads the
+    others).
+
+    A run under a limit whose window is known to be full is not picked. The
+    others under a limit are admitted as their windows allow
+    (``storage.ratelimits.admit``): in the claim's transaction where it is
+    made of several statements; where it is one statement (PostgreSQL), that
+    statement claims the rest and hands their ids over to an admission of
+    their own. When a window admitted fewer than were picked, it is full now
+    and its runs are held: the slots they left are claimed again, once.
     """
     if limit <= 0:
         return []
     recovered = _recover()
     limits = limits or None
+    left = Left()
     claims = _guarded(
-        lambda token: _claim(worker_id, pools, limit, plan, job_types, token, limits), recovered
+        functools.partial(
+            _claim, worker_id, pools, limit, plan, job_types, limits=limits, left=left
+        ),
+        recovered,
     )
-    if limits is not None and len(claims) < limit:
-        more = limit - len(claims)
-        try:
-            held = _guarded(
-                lambda token: _claim_limited(worker_id, pools, more, job_types, limits, token), []
+    if limits is None:
+        return claims
+    try:
+        claims += _admit_deferred(worker_id, limits, left)
+        if left.refused and len(claims) < limit:
+            more, left.refused = limit - len(claims), 0
+            claims += _guarded(
+                functools.partial(
+                    _claim, worker_id, pools, more, plan, job_types, limits=limits, left=left
+                ),
+                [],
             )
-        except (OperationalError, InterfaceError):
-            if claims:
-                # The first claim committed: its runs must run, whatever this one did.
-                logger.warning("claim of rate-limited runs failed", exc_info=True)
-                return claims
+            claims += _admit_deferred(worker_id, limits, left)
+    except (OperationalError, InterfaceError):
+        if not claims:
             raise
-        ratelimits.after_claim(len(held) < more)
-        claims += held
+        # An earlier statement committed: its runs must run, whatever this one did.
+        logger.warning("claim of rate-limited runs failed", exc_info=True)
+    ratelimits.after_claim(len(claims) < limit)
     return claims
+
+
+@dataclass
+class Left:
+    """What a claim under rate limits left to admit (``deferred`` ids) or found no
+    room for (``refused``, how many)."""
+
+    deferred: list[int] = field(default_factory=list)
+    refused: int = 0
 
 
 def _guarded(claim: Callable[[uuid.UUID], list[Claim]], recovered: list[Claim]) -> list[Claim]:
@@ -243,9 +272,13 @@ def _claim(
     job_types: JobTypes | None,
     token: uuid.UUID,
     limits: Limits | None = None,
+    left: Left | None = None,
 ) -> list[Claim]:
+    admit = None if limits is None else _admission(limits, worker_id, token, left or Left())
     try:
-        claims = _claim_in_one_statement(worker_id, pools, limit, plan, job_types, token, limits)
+        claims = _claim_in_one_statement(
+            worker_id, pools, limit, plan, job_types, token, limits, left
+        )
         if claims is not None:
             return claims
         return claim_two_statements(
@@ -253,6 +286,7 @@ def _claim(
             candidates(pools, locked=False, job_types=job_types, limits=limits),
             limit,
             token,
+            admit=admit,
         )
     except (IntegrityError, DataError):
         # The unique index refused a second running run of one key: a claim that
@@ -267,31 +301,53 @@ def _claim(
                 candidates(pools, locked=False, job_types=job_types, limits=limits),
                 limit,
                 token,
+                admit=admit,
             )
         except IntegrityError:
             logger.warning("claim refused by an integrity constraint; retrying", exc_info=True)
             return []
 
 
-def _claim_limited(
-    worker_id: uuid.UUID,
-    pools: Sequence[str] | None,
-    limit: int,
-    job_types: JobTypes | None,
-    limits: Limits,
-    token: uuid.UUID,
-) -> list[Claim]:
-    """The claim of runs under a rate limit: two statements, then the limits' admission."""
-    picked = ratelimits.limited(candidates(pools, locked=False, job_types=job_types), limits)
+def _admit_deferred(worker_id: uuid.UUID, limits: Limits, left: Left) -> list[Claim]:
+    """The admission of the runs under a limit that a one-statement claim picked and
+    handed over (``left.deferred``), in a transaction of its own."""
+    if not left.deferred:
+        return []
+    ids, left.deferred = left.deferred, []
+    picked = runs().due(None).filter(pk__in=ids).order_by("-priority", "run_at")
+
+    def admit(token: uuid.UUID) -> list[Claim]:
+        admitting = _admission(limits, worker_id, token, left)
+        try:
+            return claim_two_statements(worker_id, picked, len(ids), token, admit=admitting)
+        except IntegrityError:
+            logger.warning("claim refused by an integrity constraint; retrying", exc_info=True)
+            return []
+
+    return _guarded(admit, [])
+
+
+def _admission(
+    limits: Limits, worker_id: uuid.UUID, token: uuid.UUID, left: Left
+) -> Callable[[list[dict[str, Any]]], list[dict[str, Any]]]:
+    """What a claim under ``limits`` does with the rows it locked: those under a limit
+    admitted as their windows allow (and the others in claim order kept), all
+    marked running; the count of those refused noted in ``left``."""
 
     def admit(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return ratelimits.admit(rows, limit, limits, worker_id, token)
+        under = {row["id"] for row in rows if ratelimits.limits_of(row, limits)}
+        if not under:
+            mark_running(rows, worker_id, token)
+            return rows
+        limited = [row for row in rows if row["id"] in under]
+        admitted = {
+            row["id"] for row in ratelimits.admit(limited, len(limited), limits, worker_id, token)
+        }
+        left.refused += len(under) - len(admitted)
+        mark_running([row for row in rows if row["id"] not in under], worker_id, token)
+        return [row for row in rows if row["id"] not in under or row["id"] in admitted]
 
-    try:
-        return claim_two_statements(worker_id, picked, limit, token, admit=admit)
-    except IntegrityError:
-        logger.warning("claim refused by an integrity constraint; retrying", exc_info=True)
-        return []
+    return admit
 
 
 # The tokens of claims whose outcome the database did not report (the connection
@@ -326,13 +382,13 @@ def candidates(
 ) -> Any:
     """Due runs of ``pools`` (of ``job_types``) that may be claimed now, in claim
     order, locked as read (unless not ``locked``); without the runs under one of
-    the rate ``limits``, which are claimed apart."""
+    the rate ``limits`` whose window is known to be full."""
     due = runs().due(pools)
     skipped = passed_over()
     if skipped:
         due = due.exclude(pk__in=skipped)
     if limits:
-        due = ratelimits.unlimited(due, limits)
+        due = ratelimits.claimable(due, limits)
     if job_types is not None:
         only, types = job_types
         # Read past in the claim index, as runs of a busy key are: a pool whose
@@ -368,8 +424,21 @@ def _claim_in_one_statement(
     job_types: JobTypes | None,
     token: uuid.UUID,
     limits: Limits | None,
+    left: Left | None,
 ) -> list[Claim] | None:
+    """The claim in one statement, where the database has one. Under ``limits``, the
+    statement claims the runs under none, and hands over the ids of those under
+    one (``left.deferred``, in no order) for an admission of their own."""
     connection = connections[using()]
+
+    def picked() -> Any:
+        rows = candidates(pools, job_types=job_types, limits=limits)
+        if limits is not None:
+            under = ExpressionWrapper(ratelimits.under_a_limit(limits), output_field=BooleanField())
+            rows = rows.annotate(deferred=under)
+            return rows.values("id", "concurrency_key", "priority", "run_at", "deferred")[:limit]
+        return rows.values("id", "concurrency_key", "priority", "run_at")[:limit]
+
     rows = vendors.of(connection).claim(
         connection,
         (
@@ -381,17 +450,21 @@ def _claim_in_one_statement(
             ),
             limit,
         ),
-        lambda: candidates(pools, job_types=job_types, limits=limits).values(
-            "id", "concurrency_key", "priority", "run_at"
-        )[:limit],
+        picked,
         CLAIM_FIELDS,
         worker_id,
         token,
         plan,
         dates=DATE_FIELDS,
+        deferring=limits is not None,
     )
     if rows is None:
         return None
+    if limits is not None:
+        # The last value says whether the row was handed over rather than claimed.
+        if left is not None:
+            left.deferred += [values[0] for values in rows if values[-1]]
+        rows = [values[:-1] for values in rows if not values[-1]]
     # The values come in CLAIM_FIELDS order, then has_steps and dates_ok.
     claims = [claim_of(dict(zip(RETURNED, values, strict=True)), token) for values in rows]
     # Highest priority first (RETURNING has no order); the whole batch starts at once.
@@ -448,18 +521,8 @@ def claim_two_statements(
                         return []
                     if admit is not None:
                         rows = admit(rows)
-                        break
-                    # The rows stay locked by this transaction until commit, so this
-                    # UPDATE cannot race another claimer; the status condition is
-                    # belt and braces.
-                    runs().filter(pk__in=[row["id"] for row in rows], status=Status.PENDING).update(
-                        status=Status.RUNNING,
-                        attempts=F("attempts") + 1,
-                        claimed_by_id=worker_id,
-                        lease_token=token,
-                        started_at=Now(),
-                        worker_ids=WorkerIds(worker_id),
-                    )
+                    else:
+                        mark_running(rows, worker_id, token)
                     break
             except (IntegrityError, DataError):
                 # Rolled back. One row the database refuses to change must not
@@ -473,6 +536,22 @@ def claim_two_statements(
     for row in rows:
         row["attempts"] += 1
     return [claim_of(row, token) for row in rows]
+
+
+def mark_running(rows: list[dict[str, Any]], worker_id: uuid.UUID, token: uuid.UUID) -> None:
+    """Mark the locked ``rows`` running under ``token``, their attempt counted."""
+    if not rows:
+        return
+    # The rows stay locked by this transaction until commit, so this UPDATE
+    # cannot race another claimer; the status condition is belt and braces.
+    runs().filter(pk__in=[row["id"] for row in rows], status=Status.PENDING).update(
+        status=Status.RUNNING,
+        attempts=F("attempts") + 1,
+        claimed_by_id=worker_id,
+        lease_token=token,
+        started_at=Now(),
+        worker_ids=WorkerIds(worker_id),
+    )
 
 
 def _locked(ids: list[int]) -> list[dict[str, Any]]:

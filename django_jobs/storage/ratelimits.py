@@ -1,23 +1,26 @@
-"""The claim of rate-limited runs, and every statement on ``JobRateLimit`` rows.
+"""The admission of rate-limited runs at claim, and every statement on ``JobRateLimit`` rows.
 
 Runs under a limit (``ratelimits.Limits``: their job type's, their key's, their
-pool's) are claimed apart from the others, in one short transaction:
+pool's) are picked with the others, in one priority order (``claimable``), and
+admitted in a short transaction (where the claim is one statement, PostgreSQL,
+it hands their ids over to a transaction of their own):
 
-* The candidates are due runs under a limit whose window is not known to be
-  full: a limit row whose ``open_at`` is in the future hides its runs from the
-  claim, as a busy concurrency key does, so a spent limit costs no claim a scan
-  of its backlog and no worker spins on it.
+* The candidates are due runs, without those under a limit whose window is
+  known to be full, for the rate in force: a limit row whose ``open_at`` is in
+  the future hides its runs from the claim, as a busy concurrency key does, so
+  no worker spins on a spent limit.
 * The picked rows are locked by id, skipping locked ones (the two-statement
   claim's way), then the limit rows they need are made if missing and locked
   with a plain ``FOR UPDATE``, in (scope, name) order: claims of one limit wait
   for each other here, for the length of a few statements, and admit runs one
   claim at a time. The order means two claims can never wait on each other
-  in a cycle. Nothing else locks these rows.
+  in a cycle. Retention (``prune_idle``) locks these rows too, skipping those
+  a claim holds, and never waits.
 * Under those locks the claim reads the database's clock, keeps each limit's
   starts within its window (``ratelimits.Window``), admits runs in claim order
   while every limit of a run has room, marks them running with that instant
-  as ``started_at``, and stores each limit's starts and, when its window is
-  full, ``open_at``: the instant the window next has room.
+  as ``started_at``, and stores each limit's starts, its rate and, when its
+  window is full, ``open_at``: the instant the window next has room.
 
 So at most ``count`` runs of a limit start in any span of its period, across
 every worker, measured on ``started_at``.
@@ -32,7 +35,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connections
-from django.db.models import Count, Exists, F, Min, OuterRef, Q
+from django.db.models import Count, F, Min, Q
 from django.db.models.functions import Now
 
 from ..models import JobRateLimit, RateLimitScope, Status
@@ -49,13 +52,20 @@ def limit_rows() -> Any:
     return JobRateLimit.objects.using(using())
 
 
-def unlimited(due: Any, limits: Limits) -> Any:
-    """``due`` without the runs under a limit: what the ordinary claim takes."""
-    if limits.jobs:
-        due = due.exclude(job_type__in=sorted(limits.jobs))
-    if limits.pools:
-        due = due.exclude(pool__in=sorted(limits.pools))
-    return due
+def claimable(due: Any, limits: Limits) -> Any:
+    """``due`` without the runs under a limit whose window is known to be full: what a
+    claim picks from, limited runs and the others together, in one priority order."""
+    return due.exclude(_held(limits))
+
+
+def under_a_limit(limits: Limits) -> Q:
+    """The runs under one of ``limits``: their claim goes through admission."""
+    shared = sorted(set(limits.jobs) - limits.keyed)
+    return (
+        Q(job_type__in=shared)
+        | Q(job_type__in=sorted(limits.keyed), rate_key__isnull=False)
+        | Q(pool__in=sorted(limits.pools))
+    )
 
 
 def limited_runs(due: Any, limits: Limits) -> Any:
@@ -71,28 +81,33 @@ def limited(due: Any, limits: Limits) -> Any:
 def _held(limits: Limits) -> Q:
     """The runs one of whose limits is full now: its row's ``open_at`` is ahead, and
     was computed under the rate in force (a limit raised, or lowered, since is
-    judged again at its next claim: ``open_at`` is the old rate's)."""
+    judged again at its next claim: ``open_at`` is the old rate's).
+
+    Each test is ``name IN (the full limits' names)``, a subquery of its own that
+    the server evaluates once per statement (a hash), not once per run: a claim
+    reads past a held backlog at the cost of a lookup per run.
+    """
     held = Q(pk__in=[])
     for rate, pools in _by_rate(limits.pools, limits.pools).items():
-        held |= Q(pool__in=pools) & Q(
-            Exists(_full(rate).filter(scope=RateLimitScope.POOL, name=OuterRef("pool")))
-        )
+        held |= Q(pool__in=pools) & Q(pool__in=_full(rate, RateLimitScope.POOL))
     shared = set(limits.jobs) - limits.keyed
     for rate, types in _by_rate(limits.jobs, shared).items():
-        held |= Q(job_type__in=types) & Q(
-            Exists(_full(rate).filter(scope=RateLimitScope.JOB, name=OuterRef("job_type")))
-        )
+        held |= Q(job_type__in=types) & Q(job_type__in=_full(rate, RateLimitScope.JOB))
     for rate, types in _by_rate(limits.jobs, limits.keyed).items():
         held |= Q(job_type__in=types, rate_key__isnull=False) & Q(
-            Exists(_full(rate).filter(scope=RateLimitScope.KEY, name=OuterRef("rate_key")))
+            rate_key__in=_full(rate, RateLimitScope.KEY)
         )
     return held
 
 
-def _full(rate: Rate) -> Any:
-    """The rows of limits full now under ``rate`` (the rate a row was closed under is
-    stored with it)."""
-    return limit_rows().filter(open_at__gt=Now(), limit=rate.count, period=rate.seconds)
+def _full(rate: Rate, scope: str) -> Any:
+    """The names of ``scope``'s limits full now under ``rate`` (a row stores the rate
+    it was closed under)."""
+    return (
+        limit_rows()
+        .filter(scope=scope, open_at__gt=Now(), limit=rate.count, period=rate.seconds)
+        .values("name")
+    )
 
 
 def _by_rate(rates: Mapping[str, Rate], names: Iterable[str]) -> dict[Rate, list[str]]:

@@ -350,8 +350,8 @@ def test_a_claim_whose_commit_was_not_reported_is_read_back_by_the_next(
     worker = WorkerFactory()
     real = claiming._claim
 
-    def committed_then_lost(*args: Any) -> list[Claim]:
-        real(*args)
+    def committed_then_lost(*args: Any, **kwargs: Any) -> list[Claim]:
+        real(*args, **kwargs)
         raise OperationalError("server closed the connection unexpectedly")
 
     monkeypatch.setattr(claiming, "_claim", committed_then_lost)
@@ -373,7 +373,7 @@ def test_a_claim_that_never_committed_leaves_nothing_to_read_back(
     start_many("tests.noop", [{}] * 2)
     worker = WorkerFactory()
 
-    def lost(*args: Any) -> list[Claim]:
+    def lost(*args: Any, **kwargs: Any) -> list[Claim]:
         raise OperationalError("server closed the connection unexpectedly")
 
     monkeypatch.setattr(claiming, "_claim", lost)

@@ -252,3 +252,41 @@ def test_a_window_closed_under_a_rate_stays_closed_under_that_rate() -> None:
     # Rates built apart but equal (a restarted worker parses "2/h" again).
     assert claim(Limits({"tests.limited": Rate(2, 3600.0)})) == []
     assert limited.waiting(limits) == {"default": 1}
+
+
+def test_a_limited_run_of_higher_priority_with_room_goes_before_unlimited_ones() -> None:
+    """Issue 32 §10: priority holds across limited and unlimited runs."""
+    urgent = [JobRunFactory(job_type="tests.limited", priority=100) for _ in range(5)]
+    for _ in range(20):
+        JobRunFactory(job_type="tests.noop")
+    limits = Limits({"tests.limited": Rate(10, 1.0)})
+    assert set(claim(limits, n=4)) < {run.pk for run in urgent}
+    assert len(set(claim(limits, n=4)) & {run.pk for run in urgent}) == 1
+
+
+def test_a_limited_run_with_room_is_not_starved_by_newer_unlimited_runs() -> None:
+    """Of one priority, the oldest run first, whatever its limit (room allowing)."""
+    first = JobRunFactory(job_type="tests.limited", run_at=timezone.now() - timedelta(seconds=5))
+    for _ in range(20):
+        JobRunFactory(job_type="tests.noop")
+    assert first.pk in claim(Limits({"tests.limited": Rate(10, 1.0)}), n=2)
+
+
+def test_a_limited_run_of_lower_priority_waits_for_the_unlimited_ones() -> None:
+    low = JobRunFactory(job_type="tests.limited", priority=-5)
+    plain = [JobRunFactory(job_type="tests.noop") for _ in range(4)]
+    limits = Limits({"tests.limited": Rate(10, 1.0)})
+    assert sorted(claim(limits, n=4)) == sorted(run.pk for run in plain)
+    assert claim(limits, n=4) == [low.pk]
+
+
+def test_a_limit_that_admits_fewer_than_picked_leaves_its_slots_to_other_runs() -> None:
+    """The claim picks 4 limited runs of priority 9 first; their window admits 1; the
+    other 3 slots go to the unlimited runs in the same claim, not at the next poll."""
+    for _ in range(4):
+        JobRunFactory(job_type="tests.limited", priority=9)
+    plain = [JobRunFactory(job_type="tests.noop") for _ in range(4)]
+    claimed = claim(Limits({"tests.limited": Rate(1, 3600.0)}), n=4)
+    kinds = JobRun.objects.filter(pk__in=claimed).values_list("job_type", flat=True)
+    assert sorted(kinds) == ["tests.limited", "tests.noop", "tests.noop", "tests.noop"]
+    assert set(claimed) - {run.pk for run in plain} != set()

@@ -97,3 +97,19 @@ def test_async_runs_on_the_event_loop_are_held_to_their_limit_alike(
     starts = [run.started_at.timestamp() for run in rows.only("started_at")]
     assert most_in_any_second(starts) <= 20
     assert max(starts) - min(starts) >= (120 - 20) / 20 - 0.01
+
+
+def test_limited_runs_keep_their_priority_beside_a_backlog_of_unlimited_ones(
+    start_worker: StartWorker,
+) -> None:
+    """Issue 32 §10: five priority-100 runs under 20/s (room in their window) start
+    among the first claims, not after the pool's 3,000 priority-0 unlimited runs."""
+    start_many("tests.noop", [{}] * 3000, pool="ratelimited")
+    urgent = start_many("tests.limited", [{}] * 5, priority=100)
+    worker = start_worker("--pool", "ratelimited", "--concurrency", "4", "--burst")
+    assert worker.wait(timeout=300) == 0, worker.output()
+    rows = JobRun.objects.filter(pool="ratelimited")
+    assert rows.filter(status=Status.COMPLETED).count() == 3005
+    last_urgent = max(run.started_at for run in rows.filter(pk__in=[r.pk for r in urgent]))
+    # Two claims of 4 take them all (with 3 unlimited runs in the second).
+    assert rows.filter(started_at__lt=last_urgent).count() <= 8

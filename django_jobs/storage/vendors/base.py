@@ -85,12 +85,15 @@ class Vendor:
         plan: int,
         *,
         dates: Sequence[str] = (),
+        deferring: bool = False,
     ) -> list[tuple[Any, ...]] | None:
         """Claim the rows ``picked()`` selects (a locking, limited queryset) in one
         statement, which may be kept per ``key`` and ``plan``: rows of ``fields``, then
         whether the run has steps, then whether every one of ``dates`` (fields too)
         is NULL or an instant Python holds; those that are not come back NULL.
-        None: this database has no one-statement claim.
+        ``deferring``: ``picked()`` has a boolean column ``deferred``; such rows are
+        not claimed but come back too, their id alone, and every row ends with
+        whether it was deferred. None: this database has no one-statement claim.
 
         ``key`` is ``(group, limit)``: the statements of one group (one pool set
         and kind of run) share a ``plan`` number, so a newer one retires the

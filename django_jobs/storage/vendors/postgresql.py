@@ -78,8 +78,11 @@ class PostgreSQL(Vendor):
         plan: int,
         *,
         dates: Sequence[str] = (),
+        deferring: bool = False,
     ) -> list[tuple[Any, ...]] | None:
-        statement = _claim_statement(connection, key, picked, tuple(fields), tuple(dates), plan)
+        statement = _claim_statement(
+            connection, key, picked, tuple(fields), tuple(dates), plan, deferring
+        )
         # Inside a caller's transaction (drain() in a test), a savepoint: a refused
         # claim must not abort it, so that the two-statement claim can follow.
         atomic = connection.in_atomic_block
@@ -240,7 +243,7 @@ class PostgreSQL(Vendor):
 
 
 # (database alias, the caller's key of its candidates, fields, dates, plan) -> the statement
-_claim_statements: dict[tuple[str, Hashable, tuple[str, ...], tuple[str, ...], int], str] = {}
+_claim_statements: dict[tuple[str, Hashable, tuple[str, ...], tuple[str, ...], int, bool], str] = {}
 
 # The instants psycopg reads into a datetime, with a day to spare for time zones;
 # a timestamptz column holds years up to 294276, and infinity.
@@ -254,6 +257,7 @@ def _claim_statement(
     fields: tuple[str, ...],
     dates: tuple[str, ...],
     plan: int,
+    deferring: bool = False,
 ) -> str:
     """The one-statement claim: the ORM's locking SELECT inside an UPDATE ... RETURNING.
 
@@ -272,7 +276,7 @@ def _claim_statement(
     the table as it is now.
     """
     using = connection.alias
-    cache_key = (using, key, fields, dates, plan)
+    cache_key = (using, key, fields, dates, plan, deferring)
     if cache_key in _claim_statements:
         return _claim_statements[cache_key]
     for stale in [
@@ -306,15 +310,15 @@ def _claim_statement(
     # under a transaction-scoped advisory lock taken without waiting: two claims
     # putting several keys into the unique index at once could otherwise wait
     # on each other in a cycle (see claiming.one_per_key for the two-statement form).
-    statement = f"""
-        /* django_jobs claim, plan {plan} */
-        WITH picked AS MATERIALIZED ({picked_sql}),
+    ranked = f"""
         ranked AS (
             SELECT id, concurrency_key, row_number() OVER (
                 PARTITION BY concurrency_key ORDER BY priority DESC, run_at
             ) AS nth
-            FROM picked
+            FROM picked {"WHERE NOT deferred" if deferring else ""}
         )
+    """
+    update = f"""
         UPDATE {table} AS run
         SET status = '{Status.RUNNING}', attempts = run.attempts + 1, claimed_by_id = %s,
             lease_token = %s, started_at = STATEMENT_TIMESTAMP(),
@@ -332,6 +336,23 @@ def _claim_statement(
             SELECT 1 FROM {step_table} AS step WHERE step.run_id = run.id
         ) AS has_steps, {dates_ok or "TRUE"} AS dates_ok
     """
+    statement = f"""
+        /* django_jobs claim, plan {plan} */
+        WITH picked AS MATERIALIZED ({picked_sql}), {ranked}
+    """
+    if deferring:
+        # The runs under a rate limit are picked in the same order as the others
+        # (priority holds across both), but admitted apart (storage.ratelimits):
+        # their ids come back after the claimed rows, each row saying which it is.
+        nulls = ", ".join(["NULL"] * (len(fields) + 1))
+        statement += f"""
+            , claimed AS ({update})
+            SELECT *, FALSE FROM claimed
+            UNION ALL
+            SELECT id, {nulls}, TRUE FROM picked WHERE deferred
+        """
+    else:
+        statement += update
     _claim_statements[cache_key] = statement
     return statement
 
