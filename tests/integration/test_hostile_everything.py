@@ -227,6 +227,11 @@ CRAFTED = [
     "/admin/django_jobs/jobrun/%00/retry/",
     "/admin/django_jobs/jobrun/1/payload/input%00/",
     "/admin/django_jobs/jobrun/%00/payload/input/",
+    "/admin/django_jobs/jobschedule/?q=%00",
+    "/admin/django_jobs/jobschedule/%00/change/",
+    "/admin/django_jobs/jobschedule/%00/delete/",
+    "/admin/django_jobs/jobschedule/%00/history/",
+    "/admin/django_jobs/jobschedule/%00/input/",
 ]
 # Django's answer to an object page whose id names no object: back to the
 # admin's index, saying so.
@@ -238,7 +243,9 @@ def test_every_crafted_request_answers_4xx(
 ) -> None:
     viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
     viewer.user_permissions.set(
-        Permission.objects.filter(codename__in=["view_jobrun", "view_worker", "retry_jobrun"])
+        Permission.objects.filter(
+            codename__in=["view_jobrun", "view_worker", "retry_jobrun", "view_jobschedule"]
+        )
     )
     for user in (admin_client, Client(raise_request_exception=False)):
         if user is not admin_client:

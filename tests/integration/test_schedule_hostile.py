@@ -416,3 +416,52 @@ def test_a_big_input_is_a_download_behind_the_view_permission(
     assert admin_client.get(url.replace("ops.big", "ops.none")).status_code == 404
     assert admin_client.get(url.replace("ops.big", "%00")).status_code == 404
     assert client.get(url).status_code == 302  # to the login page
+
+
+# --- every hostile row at once -------------------------------------------------------------
+
+
+def make_every_hostile_row() -> list[str]:
+    """One row per kind of ``HOSTILE_ROWS``, side by side; the names of those made
+    (an input this database refuses to store is left out)."""
+    made = []
+    for n, hostile in enumerate(HOSTILE_ROWS.values()):
+        name = f"ops.evil-{n}" if hostile.name == HOSTILE else hostile.name
+        add_schedule(f"ops.evil-{n}", "tests.noop", "* * * * *", timezone="UTC")
+        JobSchedule.objects.filter(name=f"ops.evil-{n}").update(
+            name=name, created_at=utc(2026, 1, 1, 10)
+        )
+        if hostile.changes:
+            JobSchedule.objects.filter(name=name).update(**hostile.changes)
+        if hostile.input_text is not None:
+            column = connection.ops.quote_name("input")
+            try:
+                with transaction.atomic(), connection.cursor() as cursor:
+                    sql = f"UPDATE {table()} SET {column} = %s WHERE name = %s"
+                    cursor.execute(sql, [hostile.input_text, name])
+            except DatabaseError:
+                JobSchedule.objects.filter(name=name).delete()
+                continue
+        made.append(name)
+    return made
+
+
+def test_every_hostile_row_at_once_stops_no_good_schedule(admin_client: Client) -> None:
+    for name in GOOD:
+        add_schedule(name, "tests.noop", "* * * * *", timezone="UTC")
+    JobSchedule.objects.filter(name__in=GOOD).update(created_at=utc(2026, 1, 1, 10))
+    made = make_every_hostile_row()
+    assert len(made) >= len(HOSTILE_ROWS) - 2
+    clock = Clock(utc(2026, 1, 1, 10, 0, 30))
+    scheduler = Scheduler(["default"], threading.Event(), clock=clock)
+    scheduler.step()
+    for minute in (1, 2, 3):
+        clock.now = utc(2026, 1, 1, 10, minute, 1)
+        scheduler.step()
+    for name in GOOD:
+        assert ticks(name) == [utc(2026, 1, 1, 10, m) for m in (1, 2, 3)], name
+    # And the list of them all is one page within budget.
+    response = admin_client.get(CHANGELIST)
+    assert response.status_code == 200
+    assert b"<script>alert" not in response.content
+    assert len(response.content) < 1_000_000
