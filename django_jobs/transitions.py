@@ -17,6 +17,14 @@ locking rules:
   parent locks the parent row before the run's own, and a cascade locks
   children (in id order) after their parent. Two actors on one family thus
   queue instead of deadlocking.
+* Rows are locked by primary key alone (``lock_rows``): a statement that finds
+  runs by another column (a parent, a status) reads their ids without a lock,
+  then locks those rows by id, in id order, decides on what it reads under the
+  lock, and writes by id. InnoDB locks every index entry a locking statement
+  reads, and where few runs are unfinished MariaDB reads them through a status
+  index (or builds a rowid filter from one): such a statement locked entries
+  of runs it did not change, in run_at order, and deadlocked with claims and
+  with other sweeps.
 
 A transition's signals are sent once it is committed, all through ``announce``:
 straight after the transaction of a transition that opens its own (a claimed
@@ -28,13 +36,14 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
 from typing import Any
 
 from django.db import DatabaseError, transaction
+from django.db.models import BooleanField, ExpressionWrapper, Q
 from django.db.models.functions import Now
 from django.dispatch import Signal
 
@@ -123,6 +132,38 @@ def lock_parent(parent_id: int | None) -> None:
     """Lock a run's parent row first (see the locking rules above)."""
     if parent_id is not None:
         list(runs().select_for_update().filter(pk=parent_id).values_list("id"))
+
+
+def lock_rows(
+    run_ids: Iterable[int], *fields: str, skip_locked: bool = False, **expressions: Any
+) -> list[dict[str, Any]]:
+    """Lock the rows of ``run_ids`` by primary key alone, in id order, in the caller's
+    transaction; return their id, ``fields`` and ``expressions`` as read under the lock.
+
+    The statement names the primary key and nothing else, so that no database
+    reads (and locks) an index entry of another run (see the locking rules
+    above). With ``skip_locked``, rows another transaction holds are left out.
+    """
+    ids = sorted(set(run_ids))
+    if not ids:
+        return []
+    locked = runs().select_for_update(skip_locked=skip_locked).filter(pk__in=ids).order_by("pk")
+    return list(locked.values("id", *fields, **expressions))
+
+
+def _change_locked(
+    run_ids: Iterable[int], wanted: Callable[[dict[str, Any]], bool], *fields: str, **changes: Any
+) -> list[dict[str, Any]]:
+    """Lock the rows of ``run_ids``, then write ``changes`` to those ``wanted`` (given
+    their status and ``fields``, read under the lock) by primary key; the rows changed.
+
+    The condition is the one a conditional ``UPDATE`` would have, decided under
+    the lock; the ``UPDATE`` names the ids alone (see the locking rules above).
+    """
+    rows = [row for row in lock_rows(run_ids, "status", *fields) if wanted(row)]
+    if rows:
+        runs().filter(pk__in=[row["id"] for row in rows]).update(**changes)
+    return rows
 
 
 def lock_run(run_id: int, tenant_id: str | None = None, *, parent_first: bool = False) -> JobRun:
@@ -274,18 +315,24 @@ def close_children(parent_ids: Sequence[int], *, reason: str) -> int:
     count = 0
     frontier = list(parent_ids)
     while frontier:
-        # Locked (in id order, after their parents): a child cannot move between
-        # running, waiting and pending while its policy is applied, so the
-        # status read here is the status the UPDATEs below see. Unlocked, a child
-        # suspending meanwhile escaped a request_cancel that matched only running rows.
-        children = list(
+        # Found without a lock, then locked by id (in id order, after their
+        # parents): a child cannot move between running, waiting and pending while
+        # its policy is applied, so the status read under the lock is the status
+        # the UPDATEs below see. Unlocked, a child suspending meanwhile escaped a
+        # request_cancel that matched only running rows. A child spawned after
+        # the read waited for its parent's row, which the caller has written: it
+        # is committed, and found, or comes after the commit.
+        found = (
             runs()
-            .select_for_update()
             .filter(parent_id__in=frontier, status__in=UNFINISHED_STATUSES)
             .exclude(close_policy=ClosePolicy.ABANDON)
-            .order_by("pk")
-            .values("id", "status", "close_policy", "parent_id")
+            .values_list("id", flat=True)
         )
+        children = [
+            child
+            for child in lock_rows(found, "status", "close_policy")
+            if child["status"] in UNFINISHED_STATUSES
+        ]
         now_canceled = [
             c["id"]
             for c in children
@@ -315,26 +362,21 @@ def cancel_now(run_ids: Iterable[int], reason: str) -> list[int]:
 
     ``run_canceled`` is sent for each once the caller's transaction commits.
     """
-    ids = list(run_ids)
-    if not ids:
-        return []
-    # Locked, so the rows returned are exactly the rows this UPDATE changes.
-    rows = list(
-        runs()
-        .select_for_update()
-        .filter(pk__in=ids, status__in=UNFINISHED_STATUSES)
-        .order_by("pk")
-        .values_list("id", "job_type", "attempts")
+    # Locked, so the rows returned are exactly the rows the UPDATE changes.
+    rows = _change_locked(
+        run_ids,
+        lambda row: row["status"] in UNFINISHED_STATUSES,
+        "job_type",
+        "attempts",
+        **canceled_fields(reason),
     )
-    changed = [row[0] for row in rows]
-    runs().filter(pk__in=changed, status__in=UNFINISHED_STATUSES).update(**canceled_fields(reason))
     announce_at_commit(
         [
-            Announcement(run_canceled, run_id, job_type, attempts, finished=True)
-            for run_id, job_type, attempts in rows
+            Announcement(run_canceled, row["id"], row["job_type"], row["attempts"], finished=True)
+            for row in rows
         ]
     )
-    return changed
+    return [row["id"] for row in rows]
 
 
 def request_cancel(run_ids: Iterable[int], reason: str, *, cascade: bool = True) -> int:
@@ -342,11 +384,16 @@ def request_cancel(run_ids: Iterable[int], reason: str, *, cascade: bool = True)
     ids = list(run_ids)
     if not ids:
         return 0
-    return int(
-        runs()
-        .filter(pk__in=ids, status=Status.RUNNING, cancel_requested_at__isnull=True)
-        .update(cancel_requested_at=Now(), cancel_reason=reason, cancel_cascade=cascade)
-    )
+    with transaction.atomic(using=_using(), savepoint=False):
+        asked = _change_locked(
+            ids,
+            lambda row: row["status"] == Status.RUNNING and row["cancel_requested_at"] is None,
+            "cancel_requested_at",
+            cancel_requested_at=Now(),
+            cancel_reason=reason,
+            cancel_cascade=cascade,
+        )
+    return len(asked)
 
 
 # --- retrying a finished run -------------------------------------------------------------
@@ -437,18 +484,33 @@ def _suspend(claim: Claim, **fields: Any) -> str:
 
 
 def wake_sleepers(limit: int = 1000) -> int:
-    """Put runs whose durable sleep is over back to pending; return how many."""
+    """Put runs whose durable sleep is over back to pending; return how many.
+
+    Found without a lock, then locked by id (see the locking rules above) and
+    checked again under the lock: a run another transaction holds (a cancel) is
+    left for the next sweep, and one that went to sleep again meanwhile sleeps on.
+    """
     due = runs().filter(status=Status.WAITING, awaiting__isnull=True, run_at__lte=Now())
-    rows = list(due.values_list("id", "pool")[:limit])
-    if not rows:
+    found = list(due.values_list("id", flat=True)[:limit])
+    if not found:
         return 0
-    woken = (
-        runs()
-        .filter(pk__in=[run_id for run_id, _ in rows], status=Status.WAITING, awaiting__isnull=True)
-        .update(status=Status.PENDING)
-    )
-    if woken:
-        notify_pools(pool for _, pool in rows)
+    with transaction.atomic(using=_using()):
+        rows = [
+            row
+            for row in lock_rows(
+                found,
+                "status",
+                "awaiting",
+                "pool",
+                skip_locked=True,
+                over=ExpressionWrapper(Q(run_at__lte=Now()), output_field=BooleanField()),
+            )
+            if row["status"] == Status.WAITING and row["awaiting"] is None and row["over"]
+        ]
+        if not rows:
+            return 0
+        woken = runs().filter(pk__in=[row["id"] for row in rows]).update(status=Status.PENDING)
+        notify_pools(row["pool"] for row in rows)
     return int(woken)
 
 
@@ -472,15 +534,21 @@ def rescue_stale(
     stale = workers.stale_runs(pools, stale_after)
     workers.mark_lost(stale_after)
     with transaction.atomic(using=_using()):
+        # Unordered: the model's ordering (newest first) made the read walk the
+        # whole table by primary key. SKIP LOCKED: it never waits for a lock.
         rows = list(
-            stale.select_for_update(skip_locked=True).values(
+            stale.select_for_update(skip_locked=True)
+            .order_by()
+            .values(
                 "id", "job_type", "attempts", "max_attempts", "parent_id", "lease_token", "pool"
             )[:limit]
         )
         again = [row["id"] for row in rows if row["attempts"] < row["max_attempts"]]
+        # Running, and locked by the read above: written by id alone (see the
+        # locking rules above).
         requeued = (
             runs()
-            .filter(pk__in=again, status=Status.RUNNING)
+            .filter(pk__in=again)
             .update(
                 status=Status.PENDING,
                 run_at=Now(),

@@ -70,15 +70,20 @@ def _silent_since(stale_after: float) -> ExpressionWrapper[Any]:
 def mark_lost(stale_after: float) -> int:
     """Mark the live workers silent for ``stale_after`` seconds lost; return how many.
 
-    Its own statement: no worker row stays locked while their runs are swept.
+    Found without a lock, then one ``UPDATE`` by primary key each, which checks
+    the silence again, in statements of their own: no worker row stays locked
+    while their runs are swept. Not one ``UPDATE`` over the (status,
+    heartbeat_at) index: that locked the index entry, then the row, where a
+    heartbeat locks the row, then the entry it changes, and a worker beating
+    just as it was found silent deadlocked the two (MariaDB, issue 32).
     """
-    return int(
-        Worker.objects.using(using())
-        .filter(
-            status__in=[WorkerStatus.RUNNING, WorkerStatus.STOPPING],
-            heartbeat_at__lt=_silent_since(stale_after),
-        )
-        .update(status=WorkerStatus.LOST)
+    silent = Worker.objects.using(using()).filter(
+        status__in=[WorkerStatus.RUNNING, WorkerStatus.STOPPING],
+        heartbeat_at__lt=_silent_since(stale_after),
+    )
+    found = sorted(silent.values_list("pk", flat=True))
+    return sum(
+        int(silent.filter(pk=worker_id).update(status=WorkerStatus.LOST)) for worker_id in found
     )
 
 
