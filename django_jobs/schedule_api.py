@@ -32,8 +32,8 @@ from .exceptions import InvalidSchedule, ScheduleNotFound
 from .models import JobSchedule, ScheduleSource
 from .payloads import control_problem
 from .registry import all_handlers
+from .schedule_rows import read_input, sync
 from .schedule_targets import code_entries, find_target
-from .scheduler import read_input, sync
 from .schedules import (
     MAX_CRON,
     MAX_NAME,

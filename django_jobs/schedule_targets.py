@@ -68,7 +68,7 @@ def runtime_entry(row: Mapping[str, Any]) -> Entry:
     process does not know.
 
     The input is not part of it: it is read when a tick of the row fires
-    (``scheduler.read_input()``), so that what is kept of every schedule, and
+    (``schedule_rows.read_input()``), so that what is kept of every schedule, and
     read at every reread, stays small whatever the inputs are.
     """
     cron = row["cron"]

@@ -19,7 +19,7 @@ from django.utils.translation import gettext_lazy as _
 from ..exceptions import InvalidSchedule
 from ..models import JobSchedule
 from ..schedule_api import FIELDS, Definition, check_definition, check_name
-from ..scheduler import read_input
+from ..schedule_rows import read_input
 from ..schedules import MISSED_POLICIES
 
 

@@ -52,6 +52,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "completer",
                 "eventloop",
                 "scheduler",
+                "schedule_rows",
                 "schedule_api",
                 "schedule_targets",
                 "retention",
