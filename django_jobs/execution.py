@@ -412,10 +412,13 @@ def record(
         try:
             outcome = _write(claim, decision, completer, attempt)
         except (OperationalError, InterfaceError) as exc:
+            # The database's own words: a deadlock or a lock wait timeout reads
+            # differently from a lost connection, and needs another fix.
             logger.warning(
-                "run=%s outcome not written, database unavailable (%s); retrying in %.1fs",
+                "run=%s outcome not written (%s: %s); retrying in %.1fs",
                 claim.run_id,
                 type(exc).__name__,
+                str(exc)[:300],
                 delay,
             )
         except DatabaseError as exc:
