@@ -11,6 +11,10 @@ statuses are checked again under those locks: a run that ``retry()`` put back
 to pending meanwhile is kept. Roots another transaction holds are skipped,
 for the next prune. The runs are walked by id from a cursor, so the whole
 prune reads each row of the table once, however many batches it takes.
+
+A prune also deletes the rows of rate limits that hold nothing any more
+(``storage.ratelimits.prune_idle``): their callers choose the keys, so they
+would otherwise only grow.
 """
 
 from __future__ import annotations
@@ -24,8 +28,10 @@ from django.db import connections, transaction
 from django.db.models import DateTimeField, ExpressionWrapper, Value
 from django.db.models.functions import Now
 
-from . import conf
+from . import conf, ratelimits
 from .models import FINISHED_STATUSES, JobRun, JobStep
+from .registry import all_handlers
+from .storage import ratelimits as limit_rows
 from .storage import vendors
 
 
@@ -35,6 +41,7 @@ class Pruned:
     steps: int = 0
     kept_open: int = 0  # finished roots kept because a descendant is unfinished
     batches: int = 0
+    rate_limits: int = 0  # rows of rate limits that held nothing any more
 
 
 def prune(
@@ -44,7 +51,8 @@ def prune(
     batch_size: int = 1000,
     dry_run: bool = False,
 ) -> Pruned:
-    """Delete runs (with their families and steps) that finished ``older_than`` ago.
+    """Delete runs (with their families and steps) that finished ``older_than`` ago,
+    then the rows of rate limits that hold nothing any more.
 
     ``statuses`` selects the top-level runs by their own status (finished
     statuses only); their descendants go with them whatever theirs. With
@@ -64,10 +72,20 @@ def prune(
                 roots.filter(pk__gt=cursor).order_by("pk").values_list("pk", flat=True)[:batch_size]
             )
             if not batch:
-                return result
+                break
             cursor = batch[-1]
             result.batches += 1
             _prune_batch(roots, runs, batch, result, dry_run)
+    result.rate_limits = prune_rate_limits(batch_size=batch_size, dry_run=dry_run)
+    return result
+
+
+def prune_rate_limits(*, batch_size: int = 1000, dry_run: bool = False) -> int:
+    """Delete the rows of rate limits that hold nothing any more, judged under the
+    limits this code declares (every registered job's, and ``RATE_LIMITS``); return
+    how many went (would go, with ``dry_run``)."""
+    limits = ratelimits.in_force(all_handlers())
+    return limit_rows.prune_idle(limits, batch_size=batch_size, dry_run=dry_run)
 
 
 def _prune_batch(roots: Any, runs: Any, batch: list[int], result: Pruned, dry_run: bool) -> None:

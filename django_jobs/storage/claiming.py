@@ -275,18 +275,16 @@ def _claim(
     left: Left | None = None,
 ) -> list[Claim]:
     admit = None if limits is None else _admission(limits, worker_id, token, left or Left())
+    apart = False  # whether the database claims in several statements
     try:
         claims = _claim_in_one_statement(
             worker_id, pools, limit, plan, job_types, token, limits, left
         )
         if claims is not None:
             return claims
+        apart = True
         return claim_two_statements(
-            worker_id,
-            candidates(pools, locked=False, job_types=job_types, limits=limits),
-            limit,
-            token,
-            admit=admit,
+            worker_id, _picks(pools, job_types, limits, apart), limit, token, admit=admit
         )
     except (IntegrityError, DataError):
         # The unique index refused a second running run of one key: a claim that
@@ -297,15 +295,22 @@ def _claim(
         logger.debug("claim refused by an integrity constraint; claiming again", exc_info=True)
         try:
             return claim_two_statements(
-                worker_id,
-                candidates(pools, locked=False, job_types=job_types, limits=limits),
-                limit,
-                token,
-                admit=admit,
+                worker_id, _picks(pools, job_types, limits, apart), limit, token, admit=admit
             )
         except IntegrityError:
             logger.warning("claim refused by an integrity constraint; retrying", exc_info=True)
             return []
+
+
+def _picks(
+    pools: Sequence[str] | None, job_types: JobTypes | None, limits: Limits | None, apart: bool
+) -> Any:
+    """What a claim in several statements picks from: the candidates, or, ``apart``
+    (MariaDB, MySQL, SQLite: the runs' dates all fit Python's) under ``limits``,
+    the runs under none and those under one, to be merged in claim order."""
+    if limits is None or not apart:
+        return candidates(pools, locked=False, job_types=job_types, limits=limits)
+    return ratelimits.apart(candidates(pools, locked=False, job_types=job_types), limits)
 
 
 def _admit_deferred(worker_id: uuid.UUID, limits: Limits, left: Left) -> list[Claim]:
@@ -505,11 +510,7 @@ def claim_two_statements(
             ids: list[int] = []
             try:
                 with transaction.atomic(using=using()):
-                    ids = list(
-                        picked.exclude(pk__in=[*taken, *passed_over()]).values_list(
-                            "id", flat=True
-                        )[:limit]
-                    )
+                    ids = _picked(picked, [*taken, *passed_over()], limit)
                     if not ids:
                         return []
                     rows = _locked(ids)
@@ -536,6 +537,18 @@ def claim_two_statements(
     for row in rows:
         row["attempts"] += 1
     return [claim_of(row, token) for row in rows]
+
+
+def _picked(picked: Any, passed: list[int], limit: int) -> list[int]:
+    """The ids of up to ``limit`` runs ``picked`` selects but ``passed``: a queryset
+    in claim order, or several, each read in claim order and merged."""
+    if not isinstance(picked, tuple):
+        return list(picked.exclude(pk__in=passed).values_list("id", flat=True)[:limit])
+    rows = []
+    for query in picked:
+        rows += query.exclude(pk__in=passed).values_list("priority", "run_at", "id")[:limit]
+    rows.sort(key=lambda row: (-row[0], row[1], row[2]))
+    return [row[2] for row in rows[:limit]]
 
 
 def mark_running(rows: list[dict[str, Any]], worker_id: uuid.UUID, token: uuid.UUID) -> None:

@@ -34,18 +34,31 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db import connections
-from django.db.models import Count, F, Min, Q
+from django.db import connections, transaction
+from django.db.models import (
+    Case,
+    Count,
+    DateTimeField,
+    ExpressionWrapper,
+    F,
+    Min,
+    Q,
+    TextField,
+    When,
+)
 from django.db.models.functions import Now
 
 from ..models import JobRateLimit, RateLimitScope, Status
-from ..ratelimits import Limits, Rate, Window
+from ..ratelimits import MAX_PERIOD, Limits, Rate, Window
 from . import runs, using, vendors
 from .leases import WorkerIds
+from .reading import EARLIEST, LATEST, decoded
 
 # The instant (time.monotonic()) a limit's window this process saw full next
 # opens; None when no claim of this process found one full.
 _next_open: float | None = None
+# A limit row's starts as stored, for _starts to decode.
+_STARTS_TEXT = ExpressionWrapper(F("starts"), output_field=TextField())
 
 
 def limit_rows() -> Any:
@@ -56,6 +69,16 @@ def claimable(due: Any, limits: Limits) -> Any:
     """``due`` without the runs under a limit whose window is known to be full: what a
     claim picks from, limited runs and the others together, in one priority order."""
     return due.exclude(_held(limits))
+
+
+def apart(due: Any, limits: Limits) -> tuple[Any, Any]:
+    """``due`` as two picks of a claim made of several statements, to be merged in
+    claim order: the runs under no limit, and those under a limit not known to be
+    full. Each is a filter the server can serve its own way: on MariaDB, the runs
+    under no limit by their job type alone, where ``claimable`` would read past a
+    held backlog when nothing else is due."""
+    unlimited = due.exclude(job_type__in=sorted(limits.jobs)).exclude(pool__in=sorted(limits.pools))
+    return unlimited, limited(due, limits)
 
 
 def under_a_limit(limits: Limits) -> Q:
@@ -147,7 +170,7 @@ def admit(
     stored = _locked_limits(sorted(names))
     instant = _clock()
     now = instant.timestamp()
-    windows = {key: Window.read(stored[key].starts, rate, now) for key, rate in names.items()}
+    windows = {key: Window.read(_starts(stored[key]), rate, now) for key, rate in names.items()}
     chosen: list[dict[str, Any]] = []
     for row in rows:
         if len(chosen) == limit:
@@ -159,7 +182,7 @@ def admit(
             chosen.append(row)
     for key, window in windows.items():
         opens = window.opens_at()
-        limit_rows().filter(pk=stored[key].pk).update(
+        limit_rows().filter(pk=stored[key]["pk"]).update(
             starts=window.stored(),
             open_at=None if opens is None else datetime.fromtimestamp(opens, UTC),
             limit=window.rate.count,
@@ -178,7 +201,16 @@ def admit(
     return chosen
 
 
-def _locked_limits(keys: list[tuple[str, str]]) -> dict[tuple[str, str], JobRateLimit]:
+def _starts(row: dict[str, Any]) -> Any:
+    """A limit row's starts as stored, decoded; JSON Python cannot decode (anyone who
+    can write the table can store it) is dropped, as malformed entries are."""
+    try:
+        return decoded(row["starts_text"])
+    except ValueError:
+        return []
+
+
+def _locked_limits(keys: list[tuple[str, str]]) -> dict[tuple[str, str], dict[str, Any]]:
     """The rows of the limits ``keys`` (sorted), made if missing, locked in that order.
 
     The existing rows are locked first, and the missing ones made by an upsert,
@@ -190,9 +222,12 @@ def _locked_limits(keys: list[tuple[str, str]]) -> dict[tuple[str, str], JobRate
     """
     table = limit_rows()
 
-    def lock(wanted: list[tuple[str, str]]) -> dict[tuple[str, str], JobRateLimit]:
+    def lock(wanted: list[tuple[str, str]]) -> dict[tuple[str, str], dict[str, Any]]:
         rows = table.filter(_named(wanted)).order_by("scope", "name").select_for_update()
-        return {(row.scope, row.name): row for row in rows}
+        return {
+            (row["scope"], row["name"]): row
+            for row in rows.values("pk", "scope", "name", starts_text=_STARTS_TEXT)
+        }
 
     stored = lock(keys)
     missing = [key for key in keys if key not in stored]
@@ -264,3 +299,116 @@ def after_claim(short: bool) -> None:
     global _next_open
     if short:
         _next_open = _earliest_open()
+
+
+# --- retention ---------------------------------------------------------------------
+
+
+def prune_idle(limits: Limits, *, batch_size: int = 1000, dry_run: bool = False) -> int:
+    """Delete the rows of limits that hold nothing any more; return how many went
+    (with ``dry_run``, would go: nothing is locked or deleted).
+
+    A row is idle when no start it recorded is within its window, under the
+    longer of its own rate and the one ``limits`` has for it (a limit made
+    longer keeps its starts), its window is not held, and no pending or running
+    run is under it. Deleting such a row changes nothing a claim decides: a claim
+    that needs it makes it again, with the same empty window.
+
+    The rows are walked by id, in batches. Each batch's idle rows are locked in
+    (scope, name) order, the claims' order, skipping those a claim holds (they
+    are in use), and checked again under the lock: a claim that admitted a run
+    meanwhile has recorded its start. So retention never waits for a claim, and
+    a claim waits for it for one batch at most.
+    """
+    cursor, gone = 0, 0
+    while True:
+        batch = list(_rows().filter(pk__gt=cursor).order_by("pk")[:batch_size])
+        if not batch:
+            return gone
+        cursor = batch[-1]["pk"]
+        now = _clock().timestamp()
+        idle = [row["pk"] for row in batch if _idle(row, limits, now)]
+        if not idle:
+            continue
+        if dry_run:
+            gone += len(_unused(batch, idle))
+            continue
+        with transaction.atomic(using=using()):
+            locked = list(
+                _rows()
+                .filter(pk__in=idle)
+                .order_by("scope", "name")
+                .select_for_update(skip_locked=True)
+            )
+            now = _clock().timestamp()
+            doomed = _unused(locked, [row["pk"] for row in locked if _idle(row, limits, now)])
+            if doomed:
+                gone += limit_rows().filter(pk__in=doomed).delete()[0]
+
+
+def _rows() -> Any:
+    """Limit rows not held (``open_at`` is not ahead), as retention reads them: their
+    starts as stored text, and ``updated_at`` NULL when Python cannot hold it."""
+    readable = Q(updated_at__gte=EARLIEST, updated_at__lte=LATEST)
+    return (
+        limit_rows()
+        .filter(Q(open_at__isnull=True) | Q(open_at__lte=Now()))
+        .values(
+            "pk",
+            "scope",
+            "name",
+            "period",
+            starts_text=_STARTS_TEXT,
+            updated=Case(When(readable, then=F("updated_at")), output_field=DateTimeField()),
+        )
+    )
+
+
+def _idle(row: dict[str, Any], limits: Limits, now: float) -> bool:
+    """Whether no start of ``row`` is within its window (see ``prune_idle``)."""
+    if row["updated"] is None:
+        return False  # a date out of range: kept, as anything it cannot judge
+    period = _longest_period(row, limits)
+    if row["updated"].timestamp() + period > now:
+        return False  # the last claim that used it was less than a period ago
+    return not Window.read(_starts(row), Rate(1, period), now).starts
+
+
+def _longest_period(row: dict[str, Any], limits: Limits) -> float:
+    """The longest window that may apply to ``row``: its own rate's, and the one in
+    force for it (for a key, the longest of the keyed jobs' rates)."""
+    scope, name = row["scope"], row["name"]
+    current: Rate | None = None
+    if scope == RateLimitScope.POOL:
+        current = limits.pools.get(name)
+    elif scope == RateLimitScope.JOB and name not in limits.keyed:
+        current = limits.jobs.get(name)
+    elif scope == RateLimitScope.KEY and limits.keyed:
+        current = max((limits.jobs[t] for t in limits.keyed), key=lambda rate: rate.seconds)
+    stored = row["period"]
+    if not (isinstance(stored, float) and 0 < stored <= MAX_PERIOD):  # NaN fails too
+        # Written by hand: judged by the rate in force, or kept for the longest period.
+        return MAX_PERIOD if current is None else current.seconds
+    return max(stored, 0.0 if current is None else current.seconds)
+
+
+def _unused(rows: list[dict[str, Any]], ids: list[int]) -> list[int]:
+    """Of ``ids`` (of ``rows``), the limits no pending or running run is under.
+
+    One query per scope for the batch, by name: the runs' columns have no index
+    of their own, so each reads the pending and running runs once.
+    """
+    chosen = set(ids)
+    wanted = [row for row in rows if row["pk"] in chosen]
+    active = runs().filter(status__in=[Status.PENDING, Status.RUNNING]).order_by()
+    used: set[tuple[str, str]] = set()
+    for scope, column in (
+        (RateLimitScope.POOL, "pool"),
+        (RateLimitScope.JOB, "job_type"),
+        (RateLimitScope.KEY, "rate_key"),
+    ):
+        names = [row["name"] for row in wanted if row["scope"] == scope]
+        if names:
+            found = active.filter(**{f"{column}__in": names}).values_list(column, flat=True)
+            used |= {(scope.value, name) for name in found.distinct()}
+    return [row["pk"] for row in wanted if (row["scope"], row["name"]) not in used]

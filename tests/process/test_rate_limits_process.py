@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import time
 from collections.abc import Callable
+from datetime import timedelta
 
 import pytest
 
@@ -113,3 +115,48 @@ def test_limited_runs_keep_their_priority_beside_a_backlog_of_unlimited_ones(
     last_urgent = max(run.started_at for run in rows.filter(pk__in=[r.pk for r in urgent]))
     # Two claims of 4 take them all (with 3 unlimited runs in the second).
     assert rows.filter(started_at__lt=last_urgent).count() <= 8
+
+
+@pytest.mark.parametrize("round", range(3))
+def test_prunejobs_beside_working_workers_deletes_only_rows_that_hold_nothing(
+    start_worker: StartWorker, round: int
+) -> None:
+    """Issue 32 §8: while three workers admit the runs of 60 customers under 2/h per
+    customer, prunejobs runs again and again. It deletes 600 idle keys' rows and
+    none a worker uses: each customer starts exactly 2 runs, the third waits."""
+    from django.core.management import call_command
+    from django.utils import timezone
+
+    from django_jobs.models import JobRateLimit
+
+    JobRateLimit.objects.bulk_create(
+        JobRateLimit(scope="key", name=f"idle:{n}", limit=2, period=3600.0, starts=[])
+        for n in range(600)
+    )
+    JobRateLimit.objects.update(updated_at=timezone.now() - timedelta(hours=2))
+    runs = start_many("tests.limited_per_key", [{"customer": 1 + n % 60} for n in range(180)])
+    workers = [start_worker("--pool", "ratelimited", "--concurrency", "4") for _ in range(3)]
+    rows = JobRun.objects.filter(pk__in=[run.pk for run in runs])
+    deadline = time.monotonic() + 120
+    prunes = 0
+    while rows.filter(status=Status.COMPLETED).count() < 120 and time.monotonic() < deadline:
+        call_command("prunejobs", "--batch-size", "50", stdout=io.StringIO())
+        prunes += 1
+    for _ in range(3):  # and a few more once the workers idle
+        call_command("prunejobs", "--batch-size", "50", stdout=io.StringIO())
+    time.sleep(1.5)  # a poll interval or more: nothing else may start
+    for worker in workers:
+        assert worker.proc.poll() is None, worker.output()
+        # No claim waited on retention in a cycle (a deadlock), nor failed.
+        assert "claim failed" not in worker.output()
+        assert "eadlock" not in worker.output()
+        worker.stop()
+    assert prunes > 1
+    assert rows.filter(status=Status.COMPLETED).count() == 120
+    assert rows.filter(status=Status.PENDING, attempts=0).count() == 60
+    per_key: dict[str | None, int] = {}
+    for key in rows.filter(status=Status.COMPLETED).values_list("rate_key", flat=True):
+        per_key[key] = per_key.get(key, 0) + 1
+    assert set(per_key.values()) == {2}
+    assert not JobRateLimit.objects.filter(name__startswith="idle:").exists()
+    assert JobRateLimit.objects.filter(scope="key").count() == 60

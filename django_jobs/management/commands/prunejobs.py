@@ -17,7 +17,8 @@ DEFAULT_RETENTION = "30d"
 class Command(JobsCommand):
     help = (
         "Delete runs that finished longer ago than --older-than, with their child runs and "
-        "steps, in batches. Runs with unfinished children are kept."
+        "steps, in batches. Runs with unfinished children are kept. Rows of rate limits "
+        "that hold nothing any more are deleted too."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -41,7 +42,7 @@ class Command(JobsCommand):
             type=positive_int,
             default=1000,
             metavar="N",
-            help="top-level runs deleted per transaction (default: 1000)",
+            help="top-level runs (and rate-limit rows) deleted per transaction (default: 1000)",
         )
         parser.add_argument(
             "--dry-run", action="store_true", help="count what would be deleted; delete nothing"
@@ -63,3 +64,7 @@ class Command(JobsCommand):
         )
         if result.kept_open:
             self.stdout.write(f"Kept {result.kept_open} finished runs with unfinished children.")
+        self.stdout.write(
+            f"{verb} {result.rate_limits} rate-limit rows that held nothing (no start in "
+            "their window, no pending or running run under them)."
+        )
