@@ -285,3 +285,18 @@ def test_a_recorded_step_that_cannot_be_decoded_fails_its_run_once_naming_the_st
     other.refresh_from_db()
     assert other.status == Status.COMPLETED
     assert other.output["a"] == 7
+
+
+def test_a_limit_row_whose_starts_cannot_be_decoded_does_not_stop_its_claims() -> None:
+    """Its starts are dropped, as malformed entries are: the window is judged empty."""
+    from django_jobs.models import JobRateLimit
+    from django_jobs.ratelimits import Limits, Rate
+
+    row = JobRateLimit.objects.create(scope="job", name="tests.limited", limit=2, period=3600.0)
+    store(JobRateLimit, row.pk, "starts", HUGE_NUMBER.replace('{"n": ', "[[").replace("}", ", 1]]"))
+    runs = [JobRunFactory(job_type="tests.limited") for _ in range(3)]
+    limits = Limits({"tests.limited": Rate(2, 3600.0)})
+    claims = claiming.claim_batch(WorkerFactory().pk, None, 10, limits=limits)
+    assert sorted(c.run_id for c in claims) == [run.pk for run in runs[:2]]
+    row.refresh_from_db()
+    assert len(row.starts) == 1  # the new starts, as one entry
