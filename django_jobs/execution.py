@@ -139,6 +139,8 @@ def execute(
 def decide(attempt: Attempt) -> Decision:
     """Run the attempt's handler (when there is one to run) and decide what it came to."""
     claim = attempt.claim
+    if claim.unreadable is not None:
+        return _unreadable(claim)
     handler = attempt.handler
     if handler is None:
         try:
@@ -293,6 +295,8 @@ async def execute_async(
 
 async def _decide_async(attempt: Attempt) -> Decision:
     claim = attempt.claim
+    if claim.unreadable is not None:
+        return _unreadable(claim)
     handler = attempt.handler
     assert handler is not None
     assert handler.is_async
@@ -360,6 +364,15 @@ def canceled(claim: Claim, message: str) -> Decision:
     error = error_record(JobCanceled(message), claim.attempt, retryable=False)
     error["traceback"] = ""
     return Decision(Outcome.CANCELED, error=error)
+
+
+def _unreadable(claim: Claim) -> Decision:
+    """A run whose row the claim could not read (``Claim.unreadable`` says why): its
+    handler is not called on what is left of it, and another attempt would read
+    the same row, so it fails at once."""
+    return _not_retryable(
+        claim, InvalidJobInput(f"the run's row cannot be read: {claim.unreadable}")
+    )
 
 
 def _not_retryable(claim: Claim, exc: BaseException) -> Decision:

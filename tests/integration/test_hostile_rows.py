@@ -10,7 +10,6 @@ runs claimed with it run, and the worker stays up.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import uuid
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from django_jobs import execution, start
+from django_jobs import start
 from django_jobs.models import JobRun, JobStep, Status
 from django_jobs.ratelimits import Limits, Rate
 from django_jobs.storage import claiming, reading
@@ -40,15 +39,6 @@ VALUES = {
     "huge number": HUGE_NUMBER,
     "not json": NOT_JSON,
 }
-
-
-# The claim marks a row it cannot read (Claim.unreadable); execution.decide fails
-# such a claim without calling its handler (asked of execution.py's owner).
-needs_decide = pytest.mark.xfail(
-    "unreadable" not in inspect.getsource(execution.decide),
-    reason="execution.decide does not yet fail a Claim marked unreadable",
-    strict=True,
-)
 
 
 @contextmanager
@@ -230,10 +220,8 @@ def failed_alone(bad: JobRun, message: str) -> None:
 
 @pytest.mark.parametrize("value", list(VALUES))
 def test_a_worker_fails_the_run_it_cannot_decode_alone_and_runs_the_rest(
-    value: str, caplog: pytest.LogCaptureFixture, request: pytest.FixtureRequest
+    value: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    if not unwritable(VALUES[value]):
-        request.applymarker(needs_decide)
     good = [start("tests.record", {"n": n}) for n in range(5)]
     # tests.flaky retries (3 attempts): an input that cannot be read is not retried.
     bad = hostile_run(VALUES[value], "tests.flaky")
@@ -257,7 +245,6 @@ def test_a_worker_fails_the_run_it_cannot_decode_alone_and_runs_the_rest(
         assert len(lines) == 1, [r.getMessage() for r in lines]
 
 
-@needs_decide
 def test_drain_fails_the_run_it_cannot_decode_and_runs_the_rest() -> None:
     good = [start("tests.record", {"n": n}) for n in range(3)]
     bad = hostile_run(HUGE_NUMBER)
