@@ -1,4 +1,4 @@
-"""Claiming due runs in batches, and ``Claim``: a run this worker holds.
+"""Claiming due runs in batches, each claimed run a ``Claim`` (``storage.reading``).
 
 A claim is one short transaction: ``SELECT ... FOR UPDATE SKIP LOCKED`` picks due
 rows no other transaction holds, an ``UPDATE`` marks them running under a fresh
@@ -10,13 +10,11 @@ spends its attempts. Every later write to the run is fenced on that token
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from django.db import (
@@ -38,7 +36,7 @@ from django.db.models import (
 )
 from django.db.models.functions import Now
 
-from ..models import JobPool, JobRun, Status
+from ..models import JobPool, Status
 from ..ratelimits import Limits
 from . import ratelimits, runs, using, vendors
 from .leases import WorkerIds
@@ -46,133 +44,14 @@ from .reading import (
     CLAIM_FIELDS,
     DATE_FIELDS,
     RETURNED,
+    claim_of,
     claimed_values,
-    decoded,
     find_unwritable,
     passed_over,
-    unreadable,
 )
+from .reading import Claim as Claim
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class Claim:
-    """A run this worker holds: the row as claimed, plus the lease that fences it.
-
-    Not changed once made (``dataclasses.replace`` makes a changed copy). Not
-    frozen only because a frozen dataclass costs several times as much to build,
-    and a worker builds one per run.
-    """
-
-    run_id: int
-    attempt: int  # this attempt's number, counted at claim
-    lease_token: uuid.UUID
-    job_type: str = ""
-    pool: str = "default"
-    priority: int = 0
-    input: Any = field(default_factory=dict)
-    max_attempts: int = 1
-    tenant_id: str | None = None
-    parent_id: int | None = None
-    root_id: int | None = None
-    created_at: datetime | None = None
-    run_at: datetime | None = None
-    concurrency_key: str | None = None
-    cancel_requested_at: datetime | None = None
-    trace_context: Any = None  # as stored: read by tracing.parse() only
-    # Whether the run had recorded steps when claimed; None when not known.
-    has_steps: bool | None = None
-    # Why the claimed row could not be read (its input is not JSON Python can
-    # decode, say), or None. Such a claim's handler must not be called: its run
-    # fails at once, not retried (another attempt would read the same row).
-    unreadable: str | None = None
-
-    @classmethod
-    def from_row(
-        cls, row: dict[str, Any], lease_token: uuid.UUID, has_steps: bool | None = None
-    ) -> Claim:
-        """The claim of a row of ``CLAIM_FIELDS`` (``attempts`` already counted)."""
-        return cls(
-            run_id=int(row["id"]),
-            attempt=int(row["attempts"]),
-            lease_token=lease_token,
-            job_type=row["job_type"],
-            pool=row["pool"],
-            priority=row["priority"],
-            input=row["input"],
-            max_attempts=int(row["max_attempts"]),
-            tenant_id=row["tenant_id"],
-            parent_id=row["parent_id"],
-            root_id=row["root_id"],
-            created_at=row["created_at"],
-            run_at=row["run_at"],
-            concurrency_key=row["concurrency_key"],
-            cancel_requested_at=row["cancel_requested_at"],
-            trace_context=row["trace_context"],
-            has_steps=has_steps,
-        )
-
-    def as_run(self) -> JobRun:
-        """The run as claimed, built without a query."""
-        return JobRun(  # type: ignore[misc]  # the claimed row has both dates
-            id=self.run_id,
-            job_type=self.job_type,
-            pool=self.pool,
-            priority=self.priority,
-            input=self.input,
-            attempts=self.attempt,
-            max_attempts=self.max_attempts,
-            tenant_id=self.tenant_id,
-            parent_id=self.parent_id,
-            root_id=self.root_id,
-            created_at=self.created_at,
-            run_at=self.run_at,
-            concurrency_key=self.concurrency_key,
-            cancel_requested_at=self.cancel_requested_at,
-            trace_context=self.trace_context,
-            status=Status.RUNNING,
-            lease_token=self.lease_token,
-        )
-
-
-def claim_of(row: dict[str, Any], token: uuid.UUID) -> Claim:
-    """The claim of a row read by ``claimed_values`` (``attempts`` already counted).
-
-    Its JSON is decoded here: an input that cannot be, or a date outside Python's
-    years, makes the claim ``unreadable`` (its run fails alone); a trace context
-    that cannot be stays the text it is, which tracing ignores.
-    """
-    problem = None
-    try:
-        value = decoded(row["input_text"])
-    except ValueError as exc:
-        value, problem = None, f"input {exc}"
-    trace = row["trace_context_text"]
-    with contextlib.suppress(ValueError):  # kept as text, which tracing.parse() ignores
-        trace = decoded(trace)
-    if not row["dates_ok"]:
-        problem = problem or "dates are outside the years Python reads (1-9999)"
-    return Claim(
-        run_id=int(row["id"]),
-        attempt=int(row["attempts"]),
-        lease_token=token,
-        job_type=row["job_type"],
-        pool=row["pool"],
-        priority=row["priority"],
-        input=value,
-        max_attempts=int(row["max_attempts"]),
-        tenant_id=row["tenant_id"],
-        parent_id=row["parent_id"],
-        root_id=row["root_id"],
-        created_at=row["created_at_read"],
-        run_at=row["run_at_read"],
-        concurrency_key=row["concurrency_key"],
-        cancel_requested_at=row["cancel_requested_at_read"],
-        trace_context=trace,
-        has_steps=bool(row["has_steps"]),
-        unreadable=None if problem is None else unreadable(problem),
-    )
 
 
 # (True, types): only runs of these job types; (False, types): none of them.
@@ -555,9 +434,12 @@ def mark_running(rows: list[dict[str, Any]], worker_id: uuid.UUID, token: uuid.U
     """Mark the locked ``rows`` running under ``token``, their attempt counted."""
     if not rows:
         return
-    # The rows stay locked by this transaction until commit, so this UPDATE
-    # cannot race another claimer; the status condition is belt and braces.
-    runs().filter(pk__in=[row["id"] for row in rows], status=Status.PENDING).update(
+    # The rows are locked by this transaction, and were pending when locked, so
+    # nothing else changes them before commit. By primary key alone: with a
+    # status condition, InnoDB may read them through a status index, locking
+    # entries of runs it does not change, which another transaction's write
+    # needs while it waits for a row this claim holds (a deadlock).
+    runs().filter(pk__in=[row["id"] for row in rows]).update(
         status=Status.RUNNING,
         attempts=F("attempts") + 1,
         claimed_by_id=worker_id,
@@ -571,15 +453,18 @@ def _locked(ids: list[int]) -> list[dict[str, Any]]:
     """The rows of ``ids`` still pending, locked, in the order of ``ids``; the rows
     other transactions hold are skipped. Each says whether its run has recorded
     steps, so that a first execution needs no query to learn it has none."""
+    # Locked by primary key alone, the status checked under the lock (see
+    # mark_running): a status condition here could lock index entries of other
+    # runs on InnoDB. A row no longer pending stays locked until the claim
+    # commits, changed by nothing.
     locked = claimed_values(
-        runs()
-        .filter(pk__in=ids, status=Status.PENDING)
-        .order_by()
-        .select_for_update(skip_locked=True),
+        runs().filter(pk__in=ids).order_by().select_for_update(skip_locked=True),
         "rate_key",
+        "status",
     )
     order = {run_id: n for n, run_id in enumerate(ids)}
-    return sorted(locked, key=lambda row: order[row["id"]])
+    pending = [row for row in locked if row.pop("status") == Status.PENDING]
+    return sorted(pending, key=lambda row: order[row["id"]])
 
 
 def one_per_key(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

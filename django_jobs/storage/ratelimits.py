@@ -190,7 +190,9 @@ def admit(
             updated_at=instant,
         )
     if chosen:
-        runs().filter(pk__in=[row["id"] for row in chosen], status=Status.PENDING).update(
+        # Locked by the claim and pending when locked: by primary key alone, as
+        # claiming.mark_running explains (no status index entries locked on InnoDB).
+        runs().filter(pk__in=[row["id"] for row in chosen]).update(
             status=Status.RUNNING,
             attempts=F("attempts") + 1,
             claimed_by_id=worker_id,

@@ -1,4 +1,5 @@
-"""Reading run rows that anyone who can write the table may have written.
+"""Reading run rows that anyone who can write the table may have written, and
+``Claim``: a run this worker holds, as the claim read it.
 
 The database is trusted, but one bad row must not stop the others. A claim
 reads the columns Python could fail to read as the database stores them, and
@@ -15,10 +16,12 @@ written to it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
 import uuid
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -37,7 +40,7 @@ from django.db.models import (
 )
 from django.db.models.functions import Now
 
-from ..models import JobStep, Status
+from ..models import JobRun, JobStep, Status
 from . import runs, using
 from .leases import WorkerIds
 
@@ -183,3 +186,122 @@ def find_unwritable(ids: list[int], worker_id: uuid.UUID) -> bool:
                 str(exc)[:200],
             )
     return found
+
+
+@dataclass(slots=True)
+class Claim:
+    """A run this worker holds: the row as claimed, plus the lease that fences it.
+
+    Not changed once made (``dataclasses.replace`` makes a changed copy). Not
+    frozen only because a frozen dataclass costs several times as much to build,
+    and a worker builds one per run.
+    """
+
+    run_id: int
+    attempt: int  # this attempt's number, counted at claim
+    lease_token: uuid.UUID
+    job_type: str = ""
+    pool: str = "default"
+    priority: int = 0
+    input: Any = field(default_factory=dict)
+    max_attempts: int = 1
+    tenant_id: str | None = None
+    parent_id: int | None = None
+    root_id: int | None = None
+    created_at: datetime | None = None
+    run_at: datetime | None = None
+    concurrency_key: str | None = None
+    cancel_requested_at: datetime | None = None
+    trace_context: Any = None  # as stored: read by tracing.parse() only
+    # Whether the run had recorded steps when claimed; None when not known.
+    has_steps: bool | None = None
+    # Why the claimed row could not be read (its input is not JSON Python can
+    # decode, say), or None. Such a claim's handler must not be called: its run
+    # fails at once, not retried (another attempt would read the same row).
+    unreadable: str | None = None
+
+    @classmethod
+    def from_row(
+        cls, row: dict[str, Any], lease_token: uuid.UUID, has_steps: bool | None = None
+    ) -> Claim:
+        """The claim of a row of ``CLAIM_FIELDS`` (``attempts`` already counted)."""
+        return cls(
+            run_id=int(row["id"]),
+            attempt=int(row["attempts"]),
+            lease_token=lease_token,
+            job_type=row["job_type"],
+            pool=row["pool"],
+            priority=row["priority"],
+            input=row["input"],
+            max_attempts=int(row["max_attempts"]),
+            tenant_id=row["tenant_id"],
+            parent_id=row["parent_id"],
+            root_id=row["root_id"],
+            created_at=row["created_at"],
+            run_at=row["run_at"],
+            concurrency_key=row["concurrency_key"],
+            cancel_requested_at=row["cancel_requested_at"],
+            trace_context=row["trace_context"],
+            has_steps=has_steps,
+        )
+
+    def as_run(self) -> JobRun:
+        """The run as claimed, built without a query."""
+        return JobRun(  # type: ignore[misc]  # the claimed row has both dates
+            id=self.run_id,
+            job_type=self.job_type,
+            pool=self.pool,
+            priority=self.priority,
+            input=self.input,
+            attempts=self.attempt,
+            max_attempts=self.max_attempts,
+            tenant_id=self.tenant_id,
+            parent_id=self.parent_id,
+            root_id=self.root_id,
+            created_at=self.created_at,
+            run_at=self.run_at,
+            concurrency_key=self.concurrency_key,
+            cancel_requested_at=self.cancel_requested_at,
+            trace_context=self.trace_context,
+            status=Status.RUNNING,
+            lease_token=self.lease_token,
+        )
+
+
+def claim_of(row: dict[str, Any], token: uuid.UUID) -> Claim:
+    """The claim of a row read by ``claimed_values`` (``attempts`` already counted).
+
+    Its JSON is decoded here: an input that cannot be, or a date outside Python's
+    years, makes the claim ``unreadable`` (its run fails alone); a trace context
+    that cannot be stays the text it is, which tracing ignores.
+    """
+    problem = None
+    try:
+        value = decoded(row["input_text"])
+    except ValueError as exc:
+        value, problem = None, f"input {exc}"
+    trace = row["trace_context_text"]
+    with contextlib.suppress(ValueError):  # kept as text, which tracing.parse() ignores
+        trace = decoded(trace)
+    if not row["dates_ok"]:
+        problem = problem or "dates are outside the years Python reads (1-9999)"
+    return Claim(
+        run_id=int(row["id"]),
+        attempt=int(row["attempts"]),
+        lease_token=token,
+        job_type=row["job_type"],
+        pool=row["pool"],
+        priority=row["priority"],
+        input=value,
+        max_attempts=int(row["max_attempts"]),
+        tenant_id=row["tenant_id"],
+        parent_id=row["parent_id"],
+        root_id=row["root_id"],
+        created_at=row["created_at_read"],
+        run_at=row["run_at_read"],
+        concurrency_key=row["concurrency_key"],
+        cancel_requested_at=row["cancel_requested_at_read"],
+        trace_context=trace,
+        has_steps=bool(row["has_steps"]),
+        unreadable=None if problem is None else unreadable(problem),
+    )

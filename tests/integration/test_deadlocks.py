@@ -14,6 +14,7 @@ what it saw under load.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable
 from datetime import timedelta
@@ -22,6 +23,7 @@ from typing import Any
 import pytest
 from django.db import connection, transaction
 from django.db.models.functions import Now
+from django.test.utils import CaptureQueriesContext
 
 from django_jobs import cancel, transitions
 from django_jobs.models import JobRun, Status, Worker, WorkerStatus
@@ -195,3 +197,34 @@ def test_waking_sleepers_while_a_transaction_cancels_them_does_not_deadlock() ->
     # Both end canceled; the second may have been woken (to pending) before its cancel.
     statuses = set(JobRun.objects.filter(pk__in=[first.pk, second.pk]).values_list("status"))
     assert statuses == {(Status.CANCELED,)}
+
+
+def test_the_claims_writes_lock_runs_by_primary_key_alone() -> None:
+    """The two-statement claim (MariaDB, MySQL, SQLite; and a key conflict's retry
+    on PostgreSQL) locks the rows it picked, and marks them running, by id alone.
+
+    With ``status = 'pending'`` in those statements InnoDB read them through the
+    waiting index where few runs were pending, locking entries of runs a
+    rate-limited claim then needed while it held a limit's row that this claim
+    waited for: one deadlock in the stress runs.
+    """
+    _history()
+    worker = WorkerFactory()
+    runs = [JobRunFactory() for _ in range(3)]
+    _analyze(JobRun)
+    picked = JobRun.objects.filter(status=Status.PENDING).order_by("pk")
+    with CaptureQueriesContext(connection) as queries:
+        claims = claiming.claim_two_statements(worker.pk, picked, 10)
+    assert sorted(c.run_id for c in claims) == [r.pk for r in runs]
+    table = JobRun._meta.db_table
+    writes = [
+        q["sql"]
+        for q in queries.captured_queries
+        if table in q["sql"] and ("FOR UPDATE" in q["sql"] or q["sql"].startswith("UPDATE"))
+    ]
+    assert len(writes) == 2, writes
+    by_id_alone = re.compile(
+        r"""WHERE [`"]?\w+[`"]?\.[`"]?id[`"]? IN \([\d, ]+\)(\s+FOR UPDATE.*)?$"""
+    )
+    for sql in writes:
+        assert by_id_alone.search(sql), sql
