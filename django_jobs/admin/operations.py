@@ -115,12 +115,15 @@ class OperationsMixin:
 
     # --- bulk actions -------------------------------------------------------------
 
-    def response_action(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> Any:
+    def response_action(
+        self, request: HttpRequest, queryset: QuerySet[JobRun], **kwargs: Any
+    ) -> Any:
+        # Django 6.1 adds keyword arguments (action_location); they pass through.
         # The list posts the ticked runs' ids; anything else is a crafted request,
         # which Django's own filter on them would answer with a server error.
         if not all(an_id(pk) for pk in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)):
             raise BadRequest("a selected run is not a run id")
-        return super().response_action(request, queryset)  # type: ignore[misc]
+        return super().response_action(request, queryset, **kwargs)  # type: ignore[misc]
 
     @admin.action(permissions=["retry"], description=_("Retry selected runs"))
     def retry_runs(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> HttpResponse | None:

@@ -134,12 +134,12 @@ class JobScheduleAdmin(
         return schedule
 
     def response_action(  # type: ignore[override]
-        self, request: HttpRequest, queryset: QuerySet[JobSchedule]
+        self, request: HttpRequest, queryset: QuerySet[JobSchedule], **kwargs: Any
     ) -> Any:
         # The list posts the ticked schedules' names; one no row can hold is crafted.
         if not all(map(storable_name, request.POST.getlist(helpers.ACTION_CHECKBOX_NAME))):
             raise BadRequest("a selected schedule is not a schedule's name")
-        return super().response_action(request, queryset)
+        return super().response_action(request, queryset, **kwargs)
 
     # --- columns ------------------------------------------------------------------
 

@@ -43,6 +43,7 @@ from .leases import WorkerIds
 from .reading import (
     CLAIM_FIELDS,
     DATE_FIELDS,
+    EARLIEST,
     RETURNED,
     claim_of,
     claimed_values,
@@ -351,9 +352,14 @@ def _claim_in_one_statement(
         rows = [values[:-1] for values in rows if not values[-1]]
     # The values come in CLAIM_FIELDS order, then has_steps and dates_ok.
     claims = [claim_of(dict(zip(RETURNED, values, strict=True)), token) for values in rows]
-    # Highest priority first (RETURNING has no order); the whole batch starts at once.
-    claims.sort(key=lambda claim: -claim.priority)
+    # In claim order (RETURNING has none); the whole batch starts at once.
+    claims.sort(key=_claim_order)
     return claims
+
+
+def _claim_order(claim: Claim) -> tuple[Any, ...]:
+    """Highest priority first, then the oldest ``run_at`` (an unreadable one last)."""
+    return (-claim.priority, claim.run_at is None, claim.run_at or EARLIEST, claim.run_id)
 
 
 # How many times a claim reads again when every run it picked was taken by

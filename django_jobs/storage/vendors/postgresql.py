@@ -123,7 +123,7 @@ class PostgreSQL(Vendor):
             SET status = %s, output = v.output, finished_at = STATEMENT_TIMESTAMP(),
                 lease_token = NULL
             FROM jsonb_to_recordset(%s::jsonb) AS v(id bigint, token uuid, output jsonb)
-            WHERE run.id = v.id AND run.lease_token = v.token
+            WHERE run.id = ANY(%s::bigint[]) AND run.id = v.id AND run.lease_token = v.token
             RETURNING run.id, v.token
         """
         rows = json.dumps(
@@ -135,8 +135,13 @@ class PostgreSQL(Vendor):
             # error of this batch, which is then written row by row.
             cls=DjangoJSONEncoder,
         )
+        # The ids again as an array: the rows are found by primary key whatever the
+        # table's statistics say (a join on the JSON rows alone was planned as a
+        # scan of the table when ANALYZE last saw it nearly empty).
+        ids = [run_id for run_id, _, _ in items]
         return {
-            (run_id, token) for run_id, token in self.fetch(connection, statement, [status, rows])
+            (run_id, token)
+            for run_id, token in self.fetch(connection, statement, [status, rows, ids])
         }
 
     def record_step(
@@ -323,15 +328,13 @@ def _claim_statement(
         SET status = '{Status.RUNNING}', attempts = run.attempts + 1, claimed_by_id = %s,
             lease_token = %s, started_at = STATEMENT_TIMESTAMP(),
             worker_ids = run.worker_ids || jsonb_build_array(%s::text)
-        FROM ranked
-        WHERE run.id = ranked.id AND run.status = '{Status.PENDING}' AND (
-            ranked.concurrency_key IS NULL OR (
-                ranked.nth = 1
-                AND pg_try_advisory_xact_lock(
-                    {ADVISORY_NAMESPACE}, hashtext(ranked.concurrency_key)
-                )
+        WHERE run.id = ANY(ARRAY(
+            SELECT id FROM ranked
+            WHERE concurrency_key IS NULL OR (
+                nth = 1
+                AND pg_try_advisory_xact_lock({ADVISORY_NAMESPACE}, hashtext(concurrency_key))
             )
-        )
+        ))
         RETURNING {returning}, EXISTS (
             SELECT 1 FROM {step_table} AS step WHERE step.run_id = run.id
         ) AS has_steps, {dates_ok or "TRUE"} AS dates_ok
