@@ -9,6 +9,7 @@ read the runs it claims and completes, not the pending set once per claimed run.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -31,16 +32,26 @@ BUDGET = 1_000
 
 
 @pytest.fixture
-def worst_statistics() -> None:
+def worst_statistics() -> Iterator[None]:
     table = JobRun._meta.db_table
+    keep, restore = {
+        "postgresql": (
+            f"ALTER TABLE {table} SET (autovacuum_enabled = false)",
+            f"ALTER TABLE {table} RESET (autovacuum_enabled)",
+        ),
+        "mysql": (
+            f"ALTER TABLE {table} STATS_AUTO_RECALC = 0",
+            f"ALTER TABLE {table} STATS_AUTO_RECALC = DEFAULT",
+        ),
+    }.get(connection.vendor, ("SELECT 1", "SELECT 1"))
     with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
-        elif connection.vendor == "mysql":
-            cursor.execute(f"ALTER TABLE {table} STATS_AUTO_RECALC = 0")
+        cursor.execute(keep)
         start_many("tests.noop", [{}])
         cursor.execute(f"ANALYZE {'TABLE ' if connection.vendor == 'mysql' else ''}{table}")
     start_many("tests.noop", [{} for _ in range(QUEUED)])
+    yield
+    with connection.cursor() as cursor:
+        cursor.execute(restore)
 
 
 def _rows_read(node: dict[str, Any]) -> int:
