@@ -6,7 +6,7 @@ import asyncio
 import copy
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -112,9 +112,14 @@ def start_handler(
     return run
 
 
-# About the most input one INSERT of start_many() carries where runs are written
-# with Django's bulk_create.
+# About the most one INSERT of start_many() carries: a server refuses a larger
+# statement (MariaDB's and MySQL's max_allowed_packet, 16 MiB by default;
+# PostgreSQL's 1 GiB per parameter), so a larger call is split into several
+# statements in one transaction.
 _BATCH_BYTES = 4 << 20
+# What a run's row carries besides its input and keys, counted generously: the
+# other columns' values and the statement's punctuation per row.
+_ROW_BYTES = 1024
 
 
 def start_many(job_type: str, inputs: Iterable[Any], **options: Any) -> list[JobRun]:
@@ -144,19 +149,44 @@ def start_many(job_type: str, inputs: Iterable[Any], **options: Any) -> list[Job
         return []
     using = conf.get().DATABASE
     connection = connections[using]
-    inserted = vendors.of(connection).insert_runs(
-        connection, template, texts, data, keys, rate_keys
-    )
-    if inserted is not None:
-        return inserted
-    runs = [
-        _copy(template, value, key, rate_key)
-        for value, key, rate_key in zip(data, keys, rate_keys, strict=True)
-    ]
-    # Statements of a few MiB at most: a server refuses a larger one (MariaDB's
-    # max_allowed_packet), and bulk_create writes all batches in one transaction.
-    batch = max(1, _BATCH_BYTES // max(len(text.encode()) for text in texts))
-    return JobRun.objects.using(using).bulk_create(runs, batch_size=batch)
+    vendor = vendors.of(connection)
+
+    def insert(chunk: range) -> list[JobRun]:
+        part = vendor.insert_runs(
+            connection,
+            template,
+            [texts[n] for n in chunk],
+            [data[n] for n in chunk],
+            [keys[n] for n in chunk],
+            [rate_keys[n] for n in chunk],
+        )
+        if part is None:
+            part = JobRun.objects.using(using).bulk_create(
+                [_copy(template, data[n], keys[n], rate_keys[n]) for n in chunk]
+            )
+        return part
+
+    chunks = list(_chunks(template, texts, keys, rate_keys))
+    if len(chunks) == 1:
+        return insert(chunks[0])
+    with transaction.atomic(using=using):  # all the runs or none
+        return [run for chunk in chunks for run in insert(chunk)]
+
+
+def _chunks(
+    template: JobRun, texts: list[str], keys: list[str | None], rate_keys: list[str | None]
+) -> Iterator[range]:
+    """The runs of one start_many() call, as consecutive ranges of about
+    ``_BATCH_BYTES`` each: one INSERT statement per range."""
+    fixed = _ROW_BYTES + len(json.dumps(template.tags))
+    start, size = 0, 0
+    for n, text in enumerate(texts):
+        row = fixed + len(text.encode()) + len(keys[n] or "") + len(rate_keys[n] or "")
+        if size and size + row > _BATCH_BYTES:
+            yield range(start, n)
+            start, size = n, 0
+        size += row
+    yield range(start, len(texts))
 
 
 def _copy(template: JobRun, data: Any, key: str | None, rate_key: str | None) -> JobRun:
