@@ -229,7 +229,12 @@ def test_workers_follow_schedules_changed_under_them(start_worker: StartWorker) 
     row = JobSchedule.objects.get(name="rt.paused")
     first = row.created_at.replace(second=0, microsecond=0)
     resume_schedule("rt.paused")
-    wait_until(lambda: runs_of("rt.paused").filter(run_at__gt=changed).exists(), timeout=60)
+    # Finished, not only started: the workers are stopped next, and a stopped worker
+    # claims nothing more.
+    wait_until(
+        lambda: runs_of("rt.paused").filter(run_at__gt=changed, status=Status.COMPLETED).exists(),
+        timeout=60,
+    )
     assert_one_run_per_tick("rt.paused", after=first)
 
     stop(workers)
@@ -269,7 +274,12 @@ def test_a_schedule_deleted_and_added_again_under_running_workers_is_a_new_one(
         add_handled_until("rt.again-daily", "tests.record", last, missed="catch_up")
     assert set(JobSchedule.objects.values_list("revision", flat=True)) == {1}
     for name in names:
-        wait_until(lambda name=name: runs_of(name).count() >= 2, timeout=60)
+        # Finished, not only started: the workers are stopped next, and a stopped
+        # worker claims nothing more.
+        wait_until(
+            lambda name=name: runs_of(name).filter(status=Status.COMPLETED).count() >= 2,
+            timeout=60,
+        )
 
     stop(workers)
     for worker in workers:
