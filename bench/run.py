@@ -8,6 +8,7 @@
     python3 bench/run.py --database mariadb      # django_jobs and django-tasks-db on MariaDB
     python3 bench/run.py --only django_jobs:io,pgqueuer:io,procrastinate:io   # I/O-bound
     python3 bench/run.py --only django_jobs:ratelimit   # a job under rate_limit="20/s"
+    python3 bench/run.py --only django_jobs:held   # beside 100,000 runs no claim can take
 
 Each system (django_jobs, PgQueuer, Procrastinate, django-tasks-db) gets its own
 virtual environment under bench/.venvs/ (created on first use; --reinstall rebuilds)
@@ -82,6 +83,8 @@ PLAN = [
     ("procrastinate", "io"),
     # A no-op under a rate limit (bound by the limit, not by the machine).
     ("django_jobs", "ratelimit"),
+    # Drains beside a backlog of runs the claim cannot take.
+    ("django_jobs", "held"),
 ]
 # The round on MariaDB: the cases that run there. PgQueuer and Procrastinate are
 # PostgreSQL queues; django_jobs' history, rss and io cases are written for PostgreSQL.
@@ -92,9 +95,10 @@ MARIADB_PLAN = [
     ("django_jobs", "drain2"),
     ("django_jobs", "steps"),
     ("django_jobs", "ratelimit"),
+    ("django_jobs", "held"),
 ]
 CASES = {
-    "django_jobs": ["drain1", "drain2", "steps", "history", "rss", "io", "ratelimit"],
+    "django_jobs": ["drain1", "drain2", "steps", "history", "rss", "io", "ratelimit", "held"],
     "pgqueuer": ["drain1", "drain2", "io"],
     "procrastinate": ["drain1", "drain2", "io"],
     "django_tasks_db": ["drain1", "drain2"],
@@ -232,6 +236,12 @@ def parse_args() -> argparse.Namespace:
         default=3,
         help="the ratelimit case's worker processes, of 4 threads each (default 3)",
     )
+    p.add_argument(
+        "--held-runs",
+        type=int,
+        default=None,
+        help="the held case's backlog of runs no claim can take (100k; 10k)",
+    )
     p.add_argument("--lat-samples", type=int, default=None, help="latency samples (25; 10)")
     p.add_argument("--history", type=int, default=None, help="completed rows (1M; 100k)")
     p.add_argument("--rss-runs", type=int, default=None, help="runs for the RSS case (100k; 10k)")
@@ -269,6 +279,7 @@ def parse_args() -> argparse.Namespace:
         "history": (1_000_000, 100_000),
         "rss_runs": (100_000, 10_000),
         "ratelimit_runs": (RATELIMIT_N, RATELIMIT_N_QUICK),
+        "held_runs": (100_000, 10_000),
     }
     for name, (full, small) in defaults.items():
         if getattr(args, name) is None:
@@ -383,6 +394,8 @@ def run_case(system: str, case: str, rnd: int, args: argparse.Namespace) -> dict
         str(args.ratelimit_rate),
         "--ratelimit-workers",
         str(args.ratelimit_workers),
+        "--held-runs",
+        str(args.held_runs),
         "--out",
         out,
     ]
@@ -538,6 +551,7 @@ def machine_info(systems: Sequence[str], args: argparse.Namespace) -> dict[str, 
                 "ratelimit_runs",
                 "ratelimit_rate",
                 "ratelimit_workers",
+                "held_runs",
             )
         }
         | {"worker_verbosity": args.worker_verbosity, "quick": args.quick},

@@ -175,6 +175,7 @@ def summarize(records: list[dict[str, Any]], raw_name: str) -> str:
         "",
         *io_section(rec),
         *ratelimit_section(rec),
+        *held_section(rec),
         *every_system(rec),
     ]
     lines += [
@@ -336,6 +337,44 @@ def ratelimit_section(rec: Records) -> list[str]:
     return [*lines, f"| median (min{DASH}max) | {' | '.join(cells)} | {held} |", ""]
 
 
+# The held case's target (issue 29): a drain beside each backlog at least this
+# fraction of the drain beside none, in the same round.
+HELD_TARGET = 0.8
+HELD_BACKLOGS = {
+    "key": "waiting for a taken concurrency key",
+    "later": "due tomorrow",
+    "paused": "in a paused pool the worker serves",
+}
+
+
+def held_section(rec: Records) -> list[str]:
+    """The held case (django_jobs): drains beside backlogs no claim can take."""
+    runs = sorted((r for r in rec.ok if r["case"] == "held"), key=lambda r: r["round"])
+    if not runs:
+        return []
+    sizes = " / ".join(f"{r['n']:,} runs beside {r['config']}" for r in runs[:1])
+    lines = [
+        f"## Held backlogs (held): {sizes}",
+        "",
+        "Runs/s by the runs' own timestamps, each drain in a fresh database with fresh"
+        " statistics; the ratio is against the drain beside no backlog in the same round"
+        f" (target {TIMES}{HELD_TARGET} or more).",
+        "",
+        "| backlog | runs/s | ratio | met |",
+        "|---|---|---|---|",
+        f"| none (reference) | {mmm(rec.values('django_jobs', 'held', 'none_per_s'))} | | |",
+    ]
+    for name, label in HELD_BACKLOGS.items():
+        ratios = rec.values("django_jobs", "held", f"{name}_x")
+        ratio = statistics.median(ratios) if ratios else None
+        met = "" if ratio is None else ("yes" if ratio >= HELD_TARGET else "**no**")
+        lines.append(
+            f"| {label} | {mmm(rec.values('django_jobs', 'held', f'{name}_per_s'))}"
+            f" | {mmm(ratios, '.2f', TIMES)} | {met} |"
+        )
+    return [*lines, ""]
+
+
 def every_system(rec: Records) -> list[str]:
     """A row per system measured: its drain rates, bulk enqueue, latency, foreign load."""
     values, pooled = rec.values, rec.pooled
@@ -448,6 +487,7 @@ def summarize_mariadb(records: list[dict[str, Any]], raw_name: str) -> str:
         *("| " + " | ".join(row) + " |" for row in rows),
         "",
         *ratelimit_section(rec),
+        *held_section(rec),
         *every_system(rec),
         "",
         "django_jobs, more: "

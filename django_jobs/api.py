@@ -17,10 +17,11 @@ from django.utils import timezone
 
 from . import conf, tracing, transitions
 from .exceptions import InvalidJobInput, RunNotFound, SyncOnlyCall
-from .models import JobRun, Status
+from .models import Hold, JobRun, Status
 from .names import pool_problem
 from .payloads import control_problem, normalize, to_json
 from .registry import JobHandler, get_handler
+from .storage import keys as held_keys
 from .storage import vendors
 from .storage.notify import notify_pools
 
@@ -87,8 +88,10 @@ def start_handler(
     if trigger is not None:
         run.trigger_source, run.trigger_ref = trigger
     using = conf.get().DATABASE
+    taken = _hold_taken([run])
     if run.idempotency_key is None:
         run.save(using=using, force_insert=True)
+        held_keys.release_after_commit(taken)
         return run
     try:
         # A savepoint: a duplicate key must not break the caller's transaction.
@@ -109,6 +112,7 @@ def start_handler(
         if existing is None:
             raise
         return existing
+    held_keys.release_after_commit(taken)
     return run
 
 
@@ -151,6 +155,9 @@ def start_many(job_type: str, inputs: Iterable[Any], **options: Any) -> list[Job
     connection = connections[using]
     vendor = vendors.of(connection)
 
+    taken = _taken_at_start(template, keys)
+    holds = [Hold.KEY if key in taken else Hold.READY for key in keys]
+
     def insert(chunk: range) -> list[JobRun]:
         part = vendor.insert_runs(
             connection,
@@ -159,18 +166,22 @@ def start_many(job_type: str, inputs: Iterable[Any], **options: Any) -> list[Job
             [data[n] for n in chunk],
             [keys[n] for n in chunk],
             [rate_keys[n] for n in chunk],
+            [holds[n] for n in chunk],
         )
         if part is None:
             part = JobRun.objects.using(using).bulk_create(
-                [_copy(template, data[n], keys[n], rate_keys[n]) for n in chunk]
+                [_copy(template, data[n], keys[n], rate_keys[n], holds[n]) for n in chunk]
             )
         return part
 
     chunks = list(_chunks(template, texts, keys, rate_keys))
     if len(chunks) == 1:
-        return insert(chunks[0])
-    with transaction.atomic(using=using):  # all the runs or none
-        return [run for chunk in chunks for run in insert(chunk)]
+        started = insert(chunks[0])
+    else:
+        with transaction.atomic(using=using):  # all the runs or none
+            started = [run for chunk in chunks for run in insert(chunk)]
+    held_keys.release_after_commit(taken)
+    return started
 
 
 def _chunks(
@@ -189,13 +200,36 @@ def _chunks(
     yield range(start, len(texts))
 
 
-def _copy(template: JobRun, data: Any, key: str | None, rate_key: str | None) -> JobRun:
+def _copy(template: JobRun, data: Any, key: str | None, rate_key: str | None, hold: str) -> JobRun:
     run = copy.copy(template)
     run._state = copy.copy(template._state)
     run.input = data
     run.concurrency_key = key
     run.rate_key = rate_key
+    run.hold = hold
     return run
+
+
+def _hold_taken(new_runs: list[JobRun]) -> set[str]:
+    """Start held the new runs whose concurrency key is taken now (``storage.keys``);
+    the keys taken."""
+    taken = _taken_at_start(new_runs[0], [run.concurrency_key for run in new_runs])
+    for run in new_runs:
+        if run.concurrency_key in taken:
+            run.hold = Hold.KEY
+    return taken
+
+
+def _taken_at_start(template: JobRun, keys: list[str | None]) -> set[str]:
+    """Of the runs' ``keys``, those taken now, for runs due now (``template``'s start
+    time). Whoever holds runs must ``release_after_commit()`` their keys once
+    they are written: a key freed before the commit then releases its run."""
+    if all(key is None for key in keys):
+        return set()
+    when = template.run_at
+    if isinstance(when, datetime) and when > timezone.now():
+        return set()  # not due yet: held, if still taken, when it is
+    return held_keys.taken(keys)
 
 
 def start_child(
@@ -217,7 +251,9 @@ def start_child(
     run = _build(get_handler(job_type), input, parent=parent, **options)
     run.close_policy = close_policy
     run.trace_context = trace_context
+    taken = _hold_taken([run])
     run.save(using=conf.get().DATABASE, force_insert=True)
+    held_keys.release_after_commit(taken)
     return run
 
 

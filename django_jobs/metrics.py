@@ -94,6 +94,11 @@ class QueueCollector(Collector):
         paused = GaugeMetricFamily(
             "django_jobs_pool_paused", "1 when the pool is paused", labels=["pool"]
         )
+        held = GaugeMetricFamily(
+            "django_jobs_queue_held_runs",
+            "Pending runs held out of the claim, by pool and what they wait for",
+            labels=["pool", "reason"],
+        )
         for pool in shot.pools:
             for status in UNFINISHED_STATUSES:
                 depth.add_metric([pool.name, status], pool.counts[status])
@@ -101,7 +106,8 @@ class QueueCollector(Collector):
             lag.add_metric([pool.name], age)
             workers.add_metric([pool.name], pool.workers)
             paused.add_metric([pool.name], 1 if pool.paused else 0)
-        yield from (depth, lag, workers, paused)
+            held.add_metric([pool.name, "key"], pool.held_for_key)
+        yield from (depth, lag, workers, paused, held)
 
 
 class RunMetrics:

@@ -78,6 +78,17 @@ class ClosePolicy(models.TextChoices):
     REQUEST_CANCEL = "request_cancel", _("Request cancel")
 
 
+class Hold(models.TextChoices):
+    """Why a pending run is out of the claim's way (``JobRun.hold``): ready, or held.
+
+    A held run is not in the claim's index: a claim reads ready runs only. It is
+    made ready again by what frees it (``storage.keys``).
+    """
+
+    READY = "", _("Ready")
+    KEY = "key", _("Its concurrency key is taken")
+
+
 class WorkerStatus(models.TextChoices):
     RUNNING = "running", _("Running")
     STOPPING = "stopping", _("Stopping")
@@ -87,8 +98,9 @@ class WorkerStatus(models.TextChoices):
 
 class JobRunQuerySet(models.QuerySet["JobRun"]):
     def due(self, pools: Sequence[str] | None = None) -> JobRunQuerySet:
-        """Pending runs (of ``pools``, or all) whose time has come: the claim's predicate."""
-        runs = self.filter(status=Status.PENDING, run_at__lte=Now())
+        """Ready pending runs (of ``pools``, or all) whose time has come: the claim's
+        predicate. Held runs (``JobRun.hold``) are not due until they are ready."""
+        runs = self.filter(status=Status.PENDING, hold=Hold.READY, run_at__lte=Now())
         return runs if pools is None else runs.filter(pool__in=pools)
 
     def unfinished(self) -> JobRunQuerySet:
@@ -168,6 +180,10 @@ class JobRun(models.Model):
 
     # NULL, not "", means "no key": the partial unique constraints skip NULLs.
     concurrency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    # A pending run is ready ("") or held (Hold): only ready runs are claimed.
+    hold = models.CharField(
+        max_length=8, choices=Hold.choices, default=Hold.READY, db_default="", blank=True
+    )
     # The key of the run's job's rate limit, when the job declares rate_limit_key;
     # runs of other limited jobs share their job type's limit (see ratelimits).
     rate_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
@@ -243,13 +259,24 @@ class JobRun(models.Model):
         ]
         indexes = [
             # Serves the claim query (claims.claim_batch) and nothing else: only
-            # pending rows are in it, so its size does not grow with history.
+            # ready pending rows are in it, so its size grows neither with
+            # history nor with runs held back (storage.keys).
             models.Index(
                 "pool",
                 models.F("priority").desc(),
                 "run_at",
-                name="django_jobs_run_claim",
-                condition=models.Q(status="pending"),
+                name="django_jobs_run_ready",
+                condition=models.Q(status="pending", hold=""),
+            ),
+            # Pending runs with a concurrency key, by key: holding those of a
+            # taken key, and releasing the first held one when it is free.
+            models.Index(
+                "concurrency_key",
+                "hold",
+                models.F("priority").desc(),
+                "run_at",
+                name="django_jobs_run_keyed",
+                condition=models.Q(status="pending", concurrency_key__isnull=False),
             ),
             # Serves the rescue sweep: running rows by the worker holding them.
             models.Index(

@@ -31,6 +31,7 @@ from . import conf, ratelimits
 from .models import (
     FINISHED_STATUSES,
     UNFINISHED_STATUSES,
+    Hold,
     JobPool,
     JobRun,
     Status,
@@ -67,6 +68,8 @@ class PoolStatus:
     pause_reason: str = ""
     # Due pending runs that a spent rate limit holds back until its window allows.
     rate_limited: int = 0
+    # Pending runs held until their concurrency key is free (JobRun.hold).
+    held_for_key: int = 0
     # The pool's own rate limit (DJANGO_JOBS["RATE_LIMITS"]), as written: "100/m".
     rate_limit: str | None = None
 
@@ -141,6 +144,7 @@ class Snapshot:
                     "runs_per_minute": round(self.runs_per_minute(pool), 3),
                     "workers": pool.workers,
                     "rate_limited": pool.rate_limited,
+                    "held_for_key": pool.held_for_key,
                     "rate_limit": pool.rate_limit,
                 }
                 for pool in self.pools
@@ -220,6 +224,10 @@ def snapshot(
     for status in UNFINISHED_STATUSES:
         for row in runs.filter(status=status).values("pool").annotate(n=Count("id")):
             pool(row["pool"]).counts[status] = row["n"]
+    # Through django_jobs_run_keyed: held runs all have a key.
+    held = runs.filter(status=Status.PENDING, concurrency_key__isnull=False, hold=Hold.KEY)
+    for row in held.values("pool").annotate(n=Count("id")):
+        pool(row["pool"]).held_for_key = row["n"]
     due = runs.filter(status=Status.PENDING, run_at__lte=Now()).values("pool")
     for oldest in due.annotate(lag=_since(Min("run_at"))):
         pool(oldest["pool"]).oldest_pending = max(oldest["lag"], timedelta(0))

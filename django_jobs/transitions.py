@@ -60,7 +60,7 @@ from .models import (
 )
 from .registry import run_finished
 from .signals import run_canceled, run_failed
-from .storage import leases, runs, workers
+from .storage import keys, leases, runs, workers
 from .storage.claiming import Claim
 from .storage.notify import notify_pools
 
@@ -368,8 +368,11 @@ def cancel_now(run_ids: Iterable[int], reason: str) -> list[int]:
         lambda row: row["status"] in UNFINISHED_STATUSES,
         "job_type",
         "attempts",
+        "concurrency_key",
         **canceled_fields(reason),
     )
+    # A ready run of a key canceled: a run held for that key may be next.
+    keys.release_after_commit(row["concurrency_key"] for row in rows)
     announce_at_commit(
         [
             Announcement(run_canceled, row["id"], row["job_type"], row["attempts"], finished=True)

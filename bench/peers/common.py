@@ -537,6 +537,7 @@ def driver_main(measure: Callable[[argparse.Namespace], dict[str, Any]]) -> None
     parser.add_argument("--io-concurrency", type=int, default=500)
     parser.add_argument("--ratelimit-rate", type=int, default=20)
     parser.add_argument("--ratelimit-workers", type=int, default=3)
+    parser.add_argument("--held-runs", type=int, default=100_000)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     record: dict[str, Any] = {"case": args.case, "n": args.n}

@@ -4,13 +4,16 @@ Cases: drain1 (bulk enqueue, drain by 1 worker, then idle latency), drain2 (2 wo
 steps (3-step runs, 1 worker), history (drain1 with completed runs of history in the
 table), rss (worker RSS after warm-up and after --rss-runs runs), io (N runs of the
 async handler ``bench.io``, each awaiting 0.1 s, by one worker), ratelimit (N runs of
-the no-op ``bench.limited`` under ``rate_limit="R/s"``, by W workers). Workers are
+the no-op ``bench.limited`` under ``rate_limit="R/s"``, by W workers), held (N no-op
+runs drained by 1 worker beside a backlog of --held-runs runs no claim can take:
+waiting for a concurrency key a running run holds, or due tomorrow; against the
+same drain beside no backlog). Workers are
 ``manage.py runjobworker --pool default --concurrency C``, or without ``--concurrency``
 when C is ``default``; io's is ``manage.py runjobworker --pool default
 --async-concurrency C`` (its threads' --concurrency left at runjobworker's default:
 the case has no sync runs); ratelimit's ``--concurrency 4 --burst``. On MariaDB:
-drain1, drain2, steps and ratelimit (history and rss are written for PostgreSQL; io
-counts the worker's sessions in pg_stat_activity).
+drain1, drain2, steps, ratelimit and held (history and rss are written for
+PostgreSQL; io counts the worker's sessions in pg_stat_activity).
 """
 
 from __future__ import annotations
@@ -58,6 +61,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     call_command("migrate", verbosity=0)
     case = args.case
+    if case == "held":
+        return measure_held(args)
     record: dict[str, Any] = {"workers": 2 if case == "drain2" else 1}
     if case == "history":
         record.update(insert_history(args.history))
@@ -253,6 +258,72 @@ def measure_ratelimit(args: argparse.Namespace) -> dict[str, Any]:
     record["workers_started_runs"] = len(
         {ids[0] for ids in runs.values_list("worker_ids", flat=True) if ids}
     )
+    return record
+
+
+# The held case's backlogs: what each adds beside the drain (None: nothing, the reference).
+HELD_BACKLOGS = ("none", "key", "later", "paused")
+
+
+def measure_held(args: argparse.Namespace) -> dict[str, Any]:
+    """N no-op runs drained by one worker beside each backlog of ``--held-runs`` runs
+    the claim cannot take, each in a fresh database: runs waiting for a concurrency
+    key that a running ``bench.hold`` run holds (started while it does), runs due
+    tomorrow, or runs of a paused pool the worker also serves; and beside no
+    backlog, the reference. The ``bench.hold`` run takes one
+    of the worker's threads in every backlog alike. Statistics are fresh (ANALYZE
+    after the enqueue), as in drain1."""
+    from django.core.management import call_command
+    from django.db import connections
+
+    from django_jobs import cancel, start, start_many
+    from django_jobs.models import JobRun
+    from django_jobs.pools import pause_pool
+
+    backlog = args.held_runs
+    record: dict[str, Any] = {
+        "workers": 1,
+        "config": f"--concurrency {args.concurrency}; backlog {backlog:,} runs",
+    }
+    for name in HELD_BACKLOGS:
+        connections.close_all()  # recreating the database ends this process's sessions
+        common.recreate_db(DB)
+        call_command("migrate", verbosity=0)
+        holder = start("bench.hold", {}, concurrency_key="busy")
+        # Every worker serves the paused pool too: one that does not never reads it.
+        cmd = worker_cmd(args) + ["--pool", "parked"]
+        with common.Workers(f"django_jobs_held_{name}", [cmd], PROJECT, {}) as workers:
+            deadline = time.monotonic() + 60
+            while JobRun.objects.get(pk=holder.pk).status != "running":
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the bench.hold run did not start")
+                workers.check_alive("waiting for bench.hold to start")
+                time.sleep(0.05)
+            t = time.perf_counter()
+            if name == "key":
+                start_many("bench.noop", [{}] * backlog, concurrency_key="busy")
+            elif name == "later":
+                start_many("bench.noop", [{}] * backlog, delay=86400)
+            elif name == "paused":
+                pause_pool("parked")
+                start_many("bench.noop", [{}] * backlog, pool="parked")
+            record[f"{name}_enqueue_s"] = round(time.perf_counter() - t, 3)
+            base = last_id()
+            enqueue("bench.noop", args.n)
+            common.analyze(DB, "django_jobs_jobrun")
+            done_sql = f"SELECT count(*) FROM django_jobs_jobrun WHERE id > {base} AND status = 'completed'"
+            common.wait_drained(DB, done_sql, args.n, workers)
+            rate = db_rate(base, args.n)["drain_db_per_s"]
+            record[f"{name}_per_s"] = rate
+            if name == "key":
+                held = JobRun.objects.filter(concurrency_key="busy", hold="key").count()
+                record["key_held_at_end"] = held
+            # The backlog goes first, so that the holder's end releases nothing.
+            JobRun.objects.filter(pk__gt=holder.pk, pk__lte=base).delete()
+            cancel(holder.pk)
+    for name in HELD_BACKLOGS[1:]:
+        ratio = record[f"{name}_per_s"] / record["none_per_s"]
+        record[f"{name}_x"] = round(ratio, 3)
     return record
 
 

@@ -19,7 +19,7 @@ from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from .. import conf
-from ..models import FINISHED_STATUSES, JobRun, Status, Worker
+from ..models import FINISHED_STATUSES, Hold, JobRun, Status, Worker
 from ..payloads import cut
 from ..registry import all_handlers
 from ..snapshot import POOLS_TEXT, PROGRESS_TEXT, pool_names, read_stored, text_of
@@ -200,6 +200,7 @@ class JobRunAdmin(  # type: ignore[misc]
                     "tenant_id",
                     "tag_list",
                     "concurrency_key",
+                    "waits_for",
                     "idempotency_key",
                 ]
             },
@@ -399,6 +400,26 @@ class JobRunAdmin(  # type: ignore[misc]
                 ),
             )
         return format_html('<ul style="margin:0;padding-left:1em">{}{}</ul>', items, more)
+
+    @admin.display(description=_("waits for"))
+    def waits_for(self, run: JobRun) -> SafeString | str:
+        """What keeps a pending run of a concurrency key from running: the run that
+        holds the key now."""
+        if run.status != Status.PENDING or run.concurrency_key is None:
+            return EMPTY
+        holder = (
+            JobRun.objects.using(conf.get().DATABASE)
+            .filter(concurrency_key=run.concurrency_key, status=Status.RUNNING)
+            .only("id", "job_type", "status")
+            .first()
+        )
+        if holder is not None:
+            return format_html(
+                gettext("its concurrency key, which {run} holds"), run=display.run_label(holder)
+            )
+        if run.hold == Hold.KEY:
+            return gettext("its concurrency key, free now: it is released next")
+        return EMPTY
 
     @admin.display(description=_("trigger"))
     def trigger(self, run: JobRun) -> str:

@@ -185,12 +185,19 @@ def _claim(
 def _picks(
     pools: Sequence[str] | None, job_types: JobTypes | None, limits: Limits | None, apart: bool
 ) -> Any:
-    """What a claim in several statements picks from: the candidates, or, ``apart``
-    (MariaDB, MySQL, SQLite: the runs' dates all fit Python's) under ``limits``,
-    the runs under none and those under one, to be merged in claim order."""
+    """What a claim in several statements picks from: the candidates of each pool,
+    and, ``apart`` (MariaDB, MySQL, SQLite: the runs' dates all fit Python's) under
+    ``limits``, of each the runs under none and those under one; several picks are
+    merged in claim order."""
     if limits is None or not apart:
-        return candidates(pools, locked=False, job_types=job_types, limits=limits)
-    return ratelimits.apart(candidates(pools, locked=False, job_types=job_types), limits)
+        sets = candidate_sets(pools, locked=False, job_types=job_types, limits=limits)
+    else:
+        sets = [
+            pick
+            for due in candidate_sets(pools, locked=False, job_types=job_types)
+            for pick in ratelimits.apart(due, limits)
+        ]
+    return sets[0] if len(sets) == 1 else tuple(sets)
 
 
 def _admit_deferred(worker_id: uuid.UUID, limits: Limits, left: Left) -> list[Claim]:
@@ -258,6 +265,19 @@ def _recover() -> list[Claim]:
     return [claim_of(row, row["lease_token"]) for row in rows]
 
 
+def candidate_sets(pools: Sequence[str] | None, **options: Any) -> list[Any]:
+    """The candidates of a claim, a queryset per pool when it claims for several.
+
+    The claim's index leads with the pool, so the runs of one pool come from it
+    in claim order and a claim reads the few it takes. Over several pools, one
+    query would read every due run of them all to sort them (a paused pool's
+    included): each pool is read apart, and the picks merged in claim order.
+    """
+    if pools is None or len(set(pools)) <= 1:
+        return [candidates(pools, **options)]
+    return [candidates([pool], **options) for pool in sorted(set(pools))]
+
+
 def candidates(
     pools: Sequence[str] | None,
     *,
@@ -286,7 +306,12 @@ def candidates(
     # Runs of a paused pool stay pending. The subquery is part of the statement,
     # so a pause takes effect at every worker's next claim, with no cache to expire.
     paused = JobPool.objects.using(using()).filter(paused_at__isnull=False)
-    due = due.exclude(pool__in=Subquery(paused.order_by().values("name")))
+    if pools is not None and len(set(pools)) == 1:
+        # Of this one pool: a condition on no run, which the server decides once
+        # (PostgreSQL's one-time filter), reading none of a paused pool's runs.
+        due = due.filter(~Exists(paused.filter(name=pools[0])))
+    else:
+        due = due.exclude(pool__in=Subquery(paused.order_by().values("name")))
     # A run whose concurrency key is running now is not a candidate, so a blocked
     # run is passed over instead of being claimed and put back (no spinning).
     # Checked only for rows that have a key, so the planner does not turn it into
@@ -316,13 +341,18 @@ def _claim_in_one_statement(
     one (``left.deferred``, in no order) for an admission of their own."""
     connection = connections[using()]
 
-    def picked() -> Any:
-        rows = candidates(pools, job_types=job_types, limits=limits)
-        if limits is not None:
-            under = ExpressionWrapper(ratelimits.under_a_limit(limits), output_field=BooleanField())
-            rows = rows.annotate(deferred=under)
-            return rows.values("id", "concurrency_key", "priority", "run_at", "deferred")[:limit]
-        return rows.values("id", "concurrency_key", "priority", "run_at")[:limit]
+    def picked() -> list[Any]:
+        sets = []
+        for rows in candidate_sets(pools, job_types=job_types, limits=limits):
+            if limits is not None:
+                under = ratelimits.under_a_limit(limits)
+                rows = rows.annotate(deferred=ExpressionWrapper(under, output_field=BooleanField()))
+                sets.append(
+                    rows.values("id", "concurrency_key", "priority", "run_at", "deferred")[:limit]
+                )
+            else:
+                sets.append(rows.values("id", "concurrency_key", "priority", "run_at")[:limit])
+        return sets
 
     rows = vendors.of(connection).claim(
         connection,

@@ -8,6 +8,8 @@ nothing else and logs it. Lease ages are compared with the database clock
 
 These are the statements only; ``django_jobs.transitions`` decides which to
 write and what else the change implies (a parent to lock first, children to close).
+A write that takes a run out of running frees its concurrency key: once it
+commits, the next run held for that key is released (``keys``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from django.db.models import F, Func, JSONField, Q
 from django.db.models.functions import Now
 
 from ..models import JobRun, Status
-from . import after, runs, using, vendors
+from . import after, keys, runs, using, vendors
 
 if TYPE_CHECKING:
     from .claiming import Claim
@@ -59,11 +61,19 @@ def fenced(claim: Claim) -> Any:
 
 def complete(claim: Claim, output: Any) -> bool:
     """Mark the run completed with ``output``; False when the lease was lost."""
-    return bool(
+    return _freed(
+        claim,
         fenced(claim).update(
             status=Status.COMPLETED, output=output, finished_at=Now(), lease_token=None
-        )
+        ),
     )
+
+
+def _freed(claim: Claim, written: int) -> bool:
+    """Whether the run was ``written`` out of running; if so, its key is free."""
+    if written and claim.concurrency_key is not None:
+        keys.release_after_commit([claim.concurrency_key])
+    return bool(written)
 
 
 def complete_many(items: list[tuple[Claim, Any]]) -> set[tuple[int, uuid.UUID]]:
@@ -82,6 +92,11 @@ def complete_many(items: list[tuple[Claim, Any]]) -> set[tuple[int, uuid.UUID]]:
         [(claim.run_id, claim.lease_token, output) for claim, output in items],
     )
     if written is not None:
+        keys.release_after_commit(
+            claim.concurrency_key
+            for claim, _ in items
+            if (claim.run_id, claim.lease_token) in written
+        )
         return written
     if len(items) == 1:
         return {
@@ -96,16 +111,18 @@ def complete_many(items: list[tuple[Claim, Any]]) -> set[tuple[int, uuid.UUID]]:
 
 def end(claim: Claim, status: str, error: dict[str, Any] | None, **extra: Any) -> bool:
     """End the run ``status`` (failed, timed out, canceled) with ``error``; False when lost."""
-    return bool(
+    return _freed(
+        claim,
         fenced(claim).update(
             status=status, error=error, finished_at=Now(), lease_token=None, **extra
-        )
+        ),
     )
 
 
 def reschedule(claim: Claim, error: dict[str, Any], delay: float) -> bool:
     """Put the run back to pending, due ``delay`` seconds from now; False when lost."""
-    return bool(
+    return _freed(
+        claim,
         fenced(claim).update(
             status=Status.PENDING,
             error=error,
@@ -113,14 +130,15 @@ def reschedule(claim: Claim, error: dict[str, Any], delay: float) -> bool:
             lease_token=None,
             claimed_by=None,
             progress=None,
-        )
+        ),
     )
 
 
 def suspend(claim: Claim, **fields: Any) -> bool:
     """Move the run to waiting and give its attempt back, unless it was asked to
     cancel or is lost; whether it now waits."""
-    return bool(
+    return _freed(
+        claim,
         fenced(claim)
         .filter(cancel_requested_at__isnull=True)
         .update(
@@ -130,7 +148,7 @@ def suspend(claim: Claim, **fields: Any) -> bool:
             attempts=claim.attempt - 1,
             worker_ids=WorkerIds(None),
             **fields,
-        )
+        ),
     )
 
 

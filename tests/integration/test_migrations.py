@@ -216,3 +216,63 @@ def test_every_model_names_itself_for_translation() -> None:
     for model in apps.get_app_config("django_jobs").get_models():
         attrs = model._meta.original_attrs
         assert {"verbose_name", "verbose_name_plural"} <= set(attrs), model.__name__
+
+
+def _index(connection: BaseDatabaseWrapper, name: str) -> tuple[bool, str] | None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT i.indisvalid, pg_get_indexdef(i.indexrelid) FROM pg_index i"
+            " JOIN pg_class c ON c.oid = i.indexrelid WHERE c.relname = %s",
+            [name],
+        )
+        row = cursor.fetchone()
+    return None if row is None else (bool(row[0]), str(row[1]))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_0007_builds_the_ready_index_concurrently_over_a_failed_build_and_goes_back(
+    chain: BaseDatabaseWrapper,
+) -> None:
+    """The claim's index over ready runs replaces the one over every pending run;
+    an invalid index a failed concurrent build left is built anew; backwards, the
+    old index comes back."""
+    from django.db.migrations.executor import MigrationExecutor
+
+    executor = MigrationExecutor(chain)
+    executor.migrate(executor.loader.graph.leaf_nodes("django_jobs"))
+    with override_settings(MIGRATION_MODULES={}):
+        before, after = ("django_jobs", "0006_held_runs"), ("django_jobs", "0007_ready_index")
+        MigrationExecutor(chain).migrate([before])
+        assert _index(chain, "django_jobs_run_ready") is None
+        assert _index(chain, "django_jobs_run_claim") is not None
+        with chain.cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO django_jobs_jobrun (job_type, pool, status, priority, attempts,"
+                " max_attempts, input, tags, trigger_source, trigger_ref, close_policy,"
+                " cancel_reason, cancel_cascade) SELECT 'tests.noop', 'default', 'pending', 0,"
+                " 0, 1, '{}', '[]', 'api', '', 'terminate', '', true FROM generate_series(1, 2)"
+            )
+            with pytest.raises(Exception, match="could not create unique index"):
+                cursor.execute(
+                    "CREATE UNIQUE INDEX CONCURRENTLY django_jobs_run_ready"
+                    " ON django_jobs_jobrun (job_type)"
+                )
+        left = _index(chain, "django_jobs_run_ready")
+        assert left is not None
+        assert not left[0]
+        MigrationExecutor(chain).migrate([after])
+        ready, keyed = (
+            _index(chain, "django_jobs_run_ready"),
+            _index(chain, "django_jobs_run_keyed"),
+        )
+        assert ready is not None
+        assert ready[0]
+        assert "(pool, priority DESC, run_at) WHERE" in ready[1]
+        assert "hold" in ready[1]
+        assert keyed is not None
+        assert keyed[0]
+        assert _index(chain, "django_jobs_run_claim") is None
+        MigrationExecutor(chain).migrate([before])
+        assert _index(chain, "django_jobs_run_ready") is None
+        assert _index(chain, "django_jobs_run_keyed") is None
+        assert _index(chain, "django_jobs_run_claim") is not None

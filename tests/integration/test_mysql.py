@@ -60,14 +60,14 @@ def _explain(query: Any) -> str:
     return str(query.explain())
 
 
-def test_the_claim_reads_the_due_index() -> None:
+def test_the_claim_reads_the_ready_index() -> None:
     JobRun.objects.bulk_create(
         JobRun(job_type="tests.noop", pool="default", status=Status.COMPLETED) for _ in range(500)
     )
     JobRun.objects.bulk_create(JobRun(job_type="tests.noop", pool="default") for _ in range(20))
     with transaction.atomic():
         plan = _explain(claiming.candidates(["default"]).values("id")[:10])
-    assert "django_jobs_run_due" in plan
+    assert "django_jobs_run_ready" in plan
 
 
 def test_worker_ids_grow_and_shrink_with_the_attempts() -> None:
@@ -145,7 +145,7 @@ def _indexes() -> set[str]:
 def test_migration_0002_goes_back_and_forth() -> None:
     from django.core.management import call_command
 
-    built = {"django_jobs_run_concurrency", "django_jobs_run_idempotency", "django_jobs_run_due"}
+    built = {"django_jobs_run_concurrency", "django_jobs_run_idempotency", "django_jobs_run_ready"}
     assert built <= _indexes()
     try:
         call_command("migrate", "django_jobs", "0001", verbosity=0)

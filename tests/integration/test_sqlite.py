@@ -165,3 +165,23 @@ def test_a_rate_limit_is_enforced_at_claim_on_sqlite_too() -> None:
     row = JobRateLimit.objects.using("sqlite").get(name="tests.limited")
     assert row.open_at is not None
     assert runs().filter(status=Status.PENDING).count() == 2
+
+
+def test_runs_held_for_a_concurrency_key_are_released_on_sqlite_too() -> None:
+    from django_jobs.storage import keys
+
+    @job("sqlite.keyed", concurrency_key=lambda input: "one")
+    def keyed(ctx: JobContext) -> Any:
+        return ctx.input["n"]
+
+    try:
+        runs().create(job_type="sqlite.keyed", concurrency_key="one", status=Status.RUNNING)
+        held = [start("sqlite.keyed", {"n": n}) for n in range(3)]
+        assert {run_of(run).hold for run in held} == {"key"}
+        assert drain() == 0
+        runs().filter(status=Status.RUNNING).update(status=Status.COMPLETED)
+        assert keys.release_stranded() == 1
+        assert drain() == 3
+        assert [run_of(run).output for run in held] == [0, 1, 2]
+    finally:
+        unregister("sqlite.keyed")

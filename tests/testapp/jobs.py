@@ -247,6 +247,25 @@ def keyed(ctx: JobContext) -> None:
     Execution.objects.filter(pk=row.pk).update(finished_at=timezone.now())
 
 
+@job(
+    "tests.keyed_retried",
+    concurrency_key=lambda input: input.get("key"),
+    retry=RetryPolicy(attempts=20, base_delay=0),
+)
+def keyed_retried(ctx: JobContext) -> str:
+    """``tests.keyed`` that a kill storm cannot fail: its attempts outlast the kills.
+    The execution's job type names the key, for the overlap check."""
+    row = Execution.objects.create(
+        run_id=ctx.run_id,
+        job_type=f"keyed:{ctx.input['key']}",
+        attempt=ctx.attempt,
+        pid=os.getpid(),
+    )
+    time.sleep(ctx.input.get("seconds", 0.02))
+    Execution.objects.filter(pk=row.pk).update(finished_at=timezone.now())
+    return "done"
+
+
 @job("tests.chaos", retry=RetryPolicy(attempts=20, base_delay=0))
 def chaos(ctx: JobContext) -> int:
     """Three steps with a side effect and a pause each: a target for kill storms."""

@@ -1,5 +1,6 @@
 """The benchmark's handlers: a no-op, a three-step run, a latency probe, the io
-case's async run (0.1 s of simulated I/O) and the ratelimit case's rate-limited no-op."""
+case's async run (0.1 s of simulated I/O), the ratelimit case's rate-limited no-op
+and the held case's long run that keeps its concurrency key taken."""
 
 from __future__ import annotations
 
@@ -22,6 +23,15 @@ def steps(ctx: JobContext) -> int:
     for name in ("a", "b", "c"):
         total += ctx.step(name, lambda: 1)
     return total
+
+
+@job("bench.hold")
+def hold(ctx: JobContext) -> None:
+    """Keep this run's concurrency key taken until canceled (the held case)."""
+    deadline = time.monotonic() + ctx.input.get("seconds", 3600)
+    while time.monotonic() < deadline:
+        ctx.check_cancel()
+        time.sleep(0.05)
 
 
 @job("bench.latency")

@@ -72,6 +72,11 @@ def render(shot: Snapshot) -> str:
             lines.append(
                 f"  {pool.name} rate-limited: {pool.rate_limited} due runs wait for a window{limit}"
             )
+        if pool.held_for_key:
+            lines.append(
+                f"  {pool.name} held: {pool.held_for_key} pending runs wait for their"
+                " concurrency key"
+            )
     lines += ["", f"Workers ({len(shot.workers)})"]
     for worker in shot.workers:
         flag = "  STALE" if worker.stale else ""

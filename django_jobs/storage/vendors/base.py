@@ -87,7 +87,8 @@ class Vendor:
         dates: Sequence[str] = (),
         deferring: bool = False,
     ) -> list[tuple[Any, ...]] | None:
-        """Claim the rows ``picked()`` selects (a locking, limited queryset) in one
+        """Claim the rows ``picked()`` selects (a list of locking, limited querysets
+        in claim order, one per pool claimed for: the first of their merge) in one
         statement, which may be kept per ``key`` and ``plan``: rows of ``fields``, then
         whether the run has steps, then whether every one of ``dates`` (fields too)
         is NULL or an instant Python holds; those that are not come back NULL.
@@ -140,8 +141,10 @@ class Vendor:
         data: list[Any],
         keys: list[str | None],
         rate_keys: list[str | None],
+        holds: list[str],
     ) -> list[JobRun] | None:
-        """Insert runs that differ only in input and keys in one statement. None: no such form."""
+        """Insert runs that differ only in input, keys and hold in one statement. None: no
+        such form."""
         return None
 
     def delete(

@@ -173,6 +173,7 @@ class MySQL(Vendor):
         data: list[Any],
         keys: list[str | None],
         rate_keys: list[str | None],
+        holds: list[str],
     ) -> list[JobRun] | None:
         if connection.features.can_return_rows_from_bulk_insert:
             return None  # MariaDB: bulk_create reads the ids back with RETURNING
@@ -181,10 +182,11 @@ class MySQL(Vendor):
         # in one transaction.
         runs = []
         with transaction.atomic(using=connection.alias):
-            for value, key, rate_key in zip(data, keys, rate_keys, strict=True):
+            for value, key, rate_key, hold in zip(data, keys, rate_keys, holds, strict=True):
                 run = copy(template)
                 run._state = copy(template._state)
                 run.input, run.concurrency_key, run.rate_key = value, key, rate_key
+                run.hold = hold
                 run.save(using=connection.alias, force_insert=True)
                 runs.append(run)
         return runs

@@ -157,8 +157,10 @@ class PostgreSQL(Vendor):
         data: list[Any],
         keys: list[str | None],
         rate_keys: list[str | None],
+        holds: list[str],
     ) -> list[JobRun] | None:
-        """One ``INSERT ... SELECT FROM unnest(...)``: the runs differ only in input and keys.
+        """One ``INSERT ... SELECT FROM unnest(...)``: the runs differ only in input, keys
+        and hold.
 
         Returns the runs as if loaded from the database. The ids come back as one
         array and the time of the statement once, not as a row per run: reading
@@ -174,7 +176,7 @@ class PostgreSQL(Vendor):
                 continue
             columns.append(quote(str(field.column)))
             value = getattr(template, field.attname)
-            if field.attname in ("input", "concurrency_key", "rate_key"):
+            if field.attname in ("input", "concurrency_key", "rate_key", "hold"):
                 values.append(f"v.{field.attname}")
             elif isinstance(value, DatabaseDefault):
                 # Now() is JobRun's only database default.
@@ -187,14 +189,14 @@ class PostgreSQL(Vendor):
         statement = (
             f"WITH inserted AS (INSERT INTO {quote(JobRun._meta.db_table)} ({', '.join(columns)}) "
             f"SELECT {', '.join(values)} "
-            "FROM unnest(%s::jsonb[], %s::text[], %s::text[]) "
-            "WITH ORDINALITY AS v(input, concurrency_key, rate_key, n) "
+            "FROM unnest(%s::jsonb[], %s::text[], %s::text[], %s::text[]) "
+            "WITH ORDINALITY AS v(input, concurrency_key, rate_key, hold, n) "
             "ORDER BY v.n RETURNING id) "
             # Ids come from a sequence in insertion order, so sorted they match the inputs.
             "SELECT array_agg(id ORDER BY id), STATEMENT_TIMESTAMP() FROM inserted"
         )
         with connection.cursor() as cursor:
-            cursor.execute(statement, [*params, texts, keys, rate_keys])
+            cursor.execute(statement, [*params, texts, keys, rate_keys, holds])
             ids, now = cursor.fetchone()
         fields = {
             field.attname: getattr(template, field.attname)
@@ -210,9 +212,12 @@ class PostgreSQL(Vendor):
                     "input": value,
                     "concurrency_key": key,
                     "rate_key": rate_key,
+                    "hold": hold,
                 },
             )
-            for run_id, value, key, rate_key in zip(ids, data, keys, rate_keys, strict=True)
+            for run_id, value, key, rate_key, hold in zip(
+                ids, data, keys, rate_keys, holds, strict=True
+            )
         ]
 
     def prepare_control(self, connection: BaseDatabaseWrapper, seconds: float) -> None:
@@ -292,10 +297,26 @@ def _claim_statement(
         del _claim_statements[stale]
     # The ORM refuses to compile FOR UPDATE outside a transaction; nothing runs here.
     ops: Any = connection.ops  # PostgreSQL's, which can quote values into SQL
-    query = picked().query
+    sets = picked()
     with transaction.atomic(using=using):
         # The statement is run with parameters, so a "%" of a pool name is doubled.
-        picked_sql = ops.compose_sql(*query.get_compiler(using).as_sql()).replace("%", "%%")
+        sqls = [
+            ops.compose_sql(*rows.query.get_compiler(using).as_sql()).replace("%", "%%")
+            for rows in sets
+        ]
+    picks = f"picked AS MATERIALIZED ({sqls[0]})"
+    if len(sqls) > 1:
+        # A pick per pool, each locked as read (FOR UPDATE is not allowed in a
+        # UNION), merged in claim order; the rows picked beyond the batch are
+        # unlocked when the statement's transaction ends, a moment later.
+        query = sets[0].query
+        limit = query.high_mark - query.low_mark
+        picks = ", ".join(f"pick{n} AS MATERIALIZED ({sql})" for n, sql in enumerate(sqls))
+        merged = " UNION ALL ".join(f"SELECT * FROM pick{n}" for n in range(len(sqls)))
+        picks += (
+            f", picked AS MATERIALIZED ({merged} "
+            f"ORDER BY priority DESC, run_at, id LIMIT {int(limit)})"
+        )
     table = ops.quote_name(JobRun._meta.db_table)
     step_table = ops.quote_name(JobStep._meta.db_table)
     # A date the driver cannot read would fail the statement's result after its
@@ -341,7 +362,7 @@ def _claim_statement(
     """
     statement = f"""
         /* django_jobs claim, plan {plan} */
-        WITH picked AS MATERIALIZED ({picked_sql}), {ranked}
+        WITH {picks}, {ranked}
     """
     if deferring:
         # The runs under a rate limit are picked in the same order as the others
