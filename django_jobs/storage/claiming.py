@@ -321,7 +321,8 @@ def candidates(
     # SKIP LOCKED: rows another worker is claiming right now are passed over
     # instead of waited for, so claimers never queue behind each other and
     # never both get one row. The filter and order match the partial index
-    # django_jobs_run_claim, so the cost does not grow with finished history.
+    # django_jobs_run_ready (ready pending runs), so the cost grows neither with
+    # finished history nor with runs held for their key (storage.keys).
     due = due.order_by("-priority", "run_at")
     return due.select_for_update(skip_locked=True) if locked else due
 
