@@ -51,6 +51,7 @@ def taken(keys: Iterable[str | None]) -> set[str]:
         found.update(
             runs()
             .filter(status=Status.RUNNING, concurrency_key__in=chunk)
+            .order_by()
             .values_list("concurrency_key", flat=True)
         )
     return found
@@ -80,6 +81,8 @@ def release(keys: Iterable[str | None]) -> int:
         held = set(
             runs()
             .filter(status=Status.PENDING, hold=Hold.KEY, concurrency_key__in=chunk)
+            # Unordered: the model's ordering would make DISTINCT read every held run.
+            .order_by()
             .values_list("concurrency_key", flat=True)
             .distinct()
         )

@@ -327,3 +327,17 @@ def test_a_claim_for_several_pools_reads_none_of_another_pools_backlog(backlog: 
     worker = WorkerFactory().pk
     reads = _claim_reads(lambda: claiming.claim_batch(worker, ["default", "parked"], 16))
     assert reads < BUDGET
+
+
+def test_a_release_reads_a_key_once_not_each_run_held_for_it() -> None:
+    """The keys with held runs are found with DISTINCT and no ordering: ordered by
+    id (the model's ordering), DISTINCT would return, and read, every held run."""
+    from django.db import connection as conn
+    from django.test.utils import CaptureQueriesContext
+
+    RunningJobRunFactory(concurrency_key="k")
+    start_many("tests.keyed", [{"key": "k"}] * 3)
+    with CaptureQueriesContext(conn) as queries:
+        assert keys.release(["k"]) == 0
+    (found,) = [q["sql"] for q in queries if "DISTINCT" in q["sql"]]
+    assert "ORDER BY" not in found
