@@ -72,12 +72,8 @@ def _explained(statement: str, params: Any) -> int:
     return _rows_read(plan[0]["Plan"])
 
 
-@pytest.mark.postgresql("EXPLAIN ANALYZE of the one-statement claim")
-@pytest.mark.parametrize("limited", [False, True], ids=["plain", "under rate limits"])
-@pytest.mark.usefixtures("worst_statistics")
-def test_postgresql_plans_read_what_they_take(
-    monkeypatch: pytest.MonkeyPatch, limited: bool
-) -> None:
+def record_statements(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
+    """The statements (and parameters) the vendor's ``fetch`` runs from now on."""
     seen: list[tuple[str, Any]] = []
     vendor = type(vendors.of(connection))
     real = vendor.fetch
@@ -87,6 +83,16 @@ def test_postgresql_plans_read_what_they_take(
         return real(self, conn, sql, params)
 
     monkeypatch.setattr(vendor, "fetch", recording)
+    return seen
+
+
+@pytest.mark.postgresql("EXPLAIN ANALYZE of the one-statement claim")
+@pytest.mark.parametrize("limited", [False, True], ids=["plain", "under rate limits"])
+@pytest.mark.usefixtures("worst_statistics")
+def test_postgresql_plans_read_what_they_take(
+    monkeypatch: pytest.MonkeyPatch, limited: bool
+) -> None:
+    seen = record_statements(monkeypatch)
     limits = Limits({"tests.other": Rate(1, 60.0)}) if limited else None
     claims = claiming.claim_batch(WorkerFactory().pk, ["default"], BATCH, limits=limits)
     assert len(claims) == BATCH

@@ -14,9 +14,14 @@ from django.utils import timezone
 
 from django_jobs import cancel, start, start_many
 from django_jobs.models import Hold, JobRun, Status
-from django_jobs.storage import claiming, keys, leases, vendors
+from django_jobs.storage import claiming, keys, leases
 from tests.factories import JobRunFactory, RunningJobRunFactory, WorkerFactory
-from tests.integration.test_claim_statistics import BUDGET, _explained, _handler_reads
+from tests.integration.test_claim_statistics import (
+    BUDGET,
+    _explained,
+    _handler_reads,
+    record_statements,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -152,26 +157,16 @@ def _start_while_freed(key: str) -> int:
     return run_id
 
 
-def _claim_reads(statement_of: Callable[[], Any]) -> int:
+def _claim_reads(claim_of_16: Callable[[], Any]) -> int:
     """Rows the claim of 16 read: PostgreSQL's plan, MySQL's and MariaDB's handler."""
     if connection.vendor == "postgresql":
-        seen: list[tuple[str, Any]] = []
-        vendor = type(vendors.of(connection))
-        real = vendor.fetch
-
-        def recording(self: Any, conn: Any, sql: str, params: Any) -> Any:
-            seen.append((sql, params))
-            return real(self, conn, sql, params)
-
-        vendor.fetch = recording  # type: ignore[method-assign]
-        try:
-            assert len(statement_of()) == 16
-        finally:
-            vendor.fetch = real  # type: ignore[method-assign]
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            seen = record_statements(monkeypatch)
+            assert len(claim_of_16()) == 16
         (claimed,) = [(sql, params) for sql, params in seen if "django_jobs claim" in sql]
         return _explained(*claimed)
     before = _handler_reads()
-    assert len(statement_of()) == 16
+    assert len(claim_of_16()) == 16
     return _handler_reads() - before
 
 

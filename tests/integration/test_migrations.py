@@ -135,11 +135,12 @@ def test_0007_gives_unfinished_runs_an_entry_per_counted_attempt(
     assert new.objects.using("chain").get(pk=done.pk).worker_ids == []
 
 
-def _finished_index(connection: BaseDatabaseWrapper) -> tuple[bool, str] | None:
+def _index(connection: BaseDatabaseWrapper, name: str) -> tuple[bool, str] | None:
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT i.indisvalid, pg_get_indexdef(i.indexrelid) FROM pg_index i"
-            " JOIN pg_class c ON c.oid = i.indexrelid WHERE c.relname = 'django_jobs_run_finished'"
+            " JOIN pg_class c ON c.oid = i.indexrelid WHERE c.relname = %s",
+            [name],
         )
         row = cursor.fetchone()
     return None if row is None else (bool(row[0]), str(row[1]))
@@ -156,7 +157,7 @@ def test_0010_builds_the_index_again_over_an_invalid_one_a_failed_build_left(
     before, after = ("django_jobs", "0009_schedules"), ("django_jobs", "0010_finished_index")
     executor = MigrationExecutor(chain)
     executor.migrate([before])
-    assert _finished_index(chain) is None
+    assert _index(chain, "django_jobs_run_finished") is None
     with chain.cursor() as cursor:
         cursor.execute(
             "INSERT INTO django_jobs_jobrun (job_type, pool, status, priority, attempts,"
@@ -170,12 +171,12 @@ def test_0010_builds_the_index_again_over_an_invalid_one_a_failed_build_left(
                 "CREATE UNIQUE INDEX CONCURRENTLY django_jobs_run_finished"
                 " ON django_jobs_jobrun (job_type)"
             )
-    left = _finished_index(chain)
+    left = _index(chain, "django_jobs_run_finished")
     assert left is not None
     assert not left[0]
     executor = MigrationExecutor(chain)
     executor.migrate([after])
-    built = _finished_index(chain)
+    built = _index(chain, "django_jobs_run_finished")
     assert built is not None
     assert built[0]
     assert "(finished_at) WHERE (finished_at IS NOT NULL)" in built[1]
@@ -216,17 +217,6 @@ def test_every_model_names_itself_for_translation() -> None:
     for model in apps.get_app_config("django_jobs").get_models():
         attrs = model._meta.original_attrs
         assert {"verbose_name", "verbose_name_plural"} <= set(attrs), model.__name__
-
-
-def _index(connection: BaseDatabaseWrapper, name: str) -> tuple[bool, str] | None:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT i.indisvalid, pg_get_indexdef(i.indexrelid) FROM pg_index i"
-            " JOIN pg_class c ON c.oid = i.indexrelid WHERE c.relname = %s",
-            [name],
-        )
-        row = cursor.fetchone()
-    return None if row is None else (bool(row[0]), str(row[1]))
 
 
 @pytest.mark.django_db(transaction=True)
