@@ -18,6 +18,7 @@ from django.utils import timezone
 from . import conf, tracing, transitions
 from .exceptions import InvalidJobInput, RunNotFound, SyncOnlyCall
 from .models import Hold, JobRun, Status
+from .names import concurrency_limit as check_concurrency_limit
 from .names import pool_problem
 from .payloads import control_problem, normalize, to_json
 from .registry import JobHandler, get_handler
@@ -44,6 +45,7 @@ def start(
     run_at: datetime | None = None,
     delay: float | timedelta | None = None,
     concurrency_key: str | None = None,
+    concurrency_limit: int | None = None,
     idempotency_key: str | None = None,
     tags: Sequence[str] = (),
     tenant_id: str | None = None,
@@ -62,6 +64,7 @@ def start(
         run_at=run_at,
         delay=delay,
         concurrency_key=concurrency_key,
+        concurrency_limit=concurrency_limit,
         idempotency_key=idempotency_key,
         tags=tags,
         tenant_id=tenant_id,
@@ -229,7 +232,7 @@ def _taken_at_start(template: JobRun, keys: list[str | None]) -> set[str]:
     when = template.run_at
     if isinstance(when, datetime) and when > timezone.now():
         return set()  # not due yet: held, if still taken, when it is
-    return held_keys.taken(keys)
+    return held_keys.taken(keys, template.concurrency_limit)
 
 
 def start_child(
@@ -368,6 +371,7 @@ def _template(
     priority: int | None = None,
     run_at: datetime | None = None,
     delay: float | timedelta | None = None,
+    concurrency_limit: int | None = None,
     idempotency_key: str | None = None,
     tags: Sequence[str] = (),
     tenant_id: str | None = None,
@@ -379,6 +383,9 @@ def _template(
         job_type=handler.job_type,
         pool=_pool(handler.pool if pool is None else pool),
         priority=_priority(handler.priority if priority is None else priority),
+        concurrency_limit=check_concurrency_limit(
+            handler.concurrency_limit if concurrency_limit is None else concurrency_limit
+        ),
         max_attempts=handler.retry.attempts,
         idempotency_key=_idempotency_key(idempotency_key, scheduled),
         tags=_tags(tags),

@@ -316,6 +316,7 @@ class JobContext:
         tags: Sequence[str] = (),
         pool: str | None = None,
         concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
     ) -> JobRun:
         """Start a child run, once: a replay returns the same child, never a second one."""
         self._sync_only("spawn_child")
@@ -328,6 +329,7 @@ class JobContext:
             tags=tags,
             pool=pool,
             concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
         )
         recorded = self.step(f"spawn:{job_type}", create, atomic=True)
         return self._child(recorded["run_id"])
@@ -483,6 +485,7 @@ class JobContext:
         tags: Sequence[str] = (),
         pool: str | None = None,
         concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
     ) -> JobRun:
         """``spawn_child`` for an ``async def`` handler: started once, in a step."""
         create = self._child_maker(
@@ -494,6 +497,7 @@ class JobContext:
             tags=tags,
             pool=pool,
             concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
         )
         recorded = await self.astep(f"spawn:{job_type}", create, atomic=True)
         child: JobRun = await self._attempt.run_sync(self._child, recorded["run_id"])

@@ -15,7 +15,7 @@ from typing import Any
 from django.core import checks
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
-from django.db.models.functions import Now
+from django.db.models.functions import Coalesce, Now
 from django.utils.translation import gettext_lazy as _
 
 
@@ -180,6 +180,10 @@ class JobRun(models.Model):
 
     # NULL, not "", means "no key": the partial unique constraints skip NULLs.
     concurrency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    # At most so many runs of the key run at once: each running run of a key
+    # holds one of its slots (0 to limit - 1), unique while it runs.
+    concurrency_limit = models.PositiveSmallIntegerField(default=1, db_default=1)
+    concurrency_slot = models.PositiveSmallIntegerField(null=True, blank=True)
     # A pending run is ready ("") or held (Hold): only ready runs are claimed.
     hold = models.CharField(
         max_length=8, choices=Hold.choices, default=Hold.READY, db_default="", blank=True
@@ -338,11 +342,14 @@ class JobRun(models.Model):
                 name="django_jobs_run_tenant_idempotency",
                 condition=models.Q(idempotency_key__isnull=False, tenant_id__isnull=False),
             ),
-            # At most one running run per concurrency key, enforced by the
-            # database: two workers claiming at the same instant cannot both win.
+            # At most one running run per slot of a concurrency key, enforced by
+            # the database: two workers claiming at the same instant cannot both
+            # take a slot. A run claimed without a slot (by a worker older than
+            # concurrency limits) holds slot 0.
             models.UniqueConstraint(
-                fields=["concurrency_key"],
-                name="django_jobs_run_concurrency",
+                models.F("concurrency_key"),
+                Coalesce(models.F("concurrency_slot"), models.Value(0)),
+                name="django_jobs_run_concurrency_slot",
                 condition=models.Q(status="running", concurrency_key__isnull=False),
             ),
             models.CheckConstraint(

@@ -19,3 +19,19 @@ def pool_problem(name: object) -> str | None:
     if any(c.isspace() or not c.isprintable() for c in name):
         return "contains whitespace or a control character"
     return None
+
+
+# The most runs of one concurrency key that may run at once: a claim looks for a
+# free slot among them.
+MAX_CONCURRENCY_LIMIT = 1000
+
+
+def concurrency_limit(limit: object) -> int:
+    """``limit`` as a concurrency limit: an integer from 1 to ``MAX_CONCURRENCY_LIMIT``."""
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError(f"concurrency_limit must be an integer, got {limit!r}")
+    if not 1 <= limit <= MAX_CONCURRENCY_LIMIT:
+        raise ValueError(
+            f"concurrency_limit must be between 1 and {MAX_CONCURRENCY_LIMIT}, got {limit!r}"
+        )
+    return limit

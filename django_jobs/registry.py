@@ -21,6 +21,7 @@ from .exceptions import (
     UnknownJobType,
     is_never_retried,
 )
+from .names import concurrency_limit as check_concurrency_limit
 from .names import pool_problem
 from .ratelimits import Rate, parse_rate
 from .schedules import MAX_NAME, Schedule
@@ -45,6 +46,7 @@ class JobHandler:
     retry: RetryPolicy = NO_RETRY
     timeout: float | None = None
     concurrency_key: ConcurrencyKey = None
+    concurrency_limit: int = 1
     priority: int = 0
     # Called with the run id once a run of this type has ended (completed,
     # failed, timed out or canceled), in the process that ended it. While it is
@@ -143,6 +145,7 @@ def job(
     retry: RetryPolicy | None = None,
     timeout: float | timedelta | None = None,
     concurrency_key: ConcurrencyKey = None,
+    concurrency_limit: int = 1,
     priority: int = 0,
     schedule: str | Schedule | None = None,
     rate_limit: str | Rate | None = None,
@@ -157,7 +160,9 @@ def job(
     - ``retry``: a :class:`~django_jobs.RetryPolicy`; without one a run has one attempt.
     - ``timeout``: seconds (or a ``timedelta``) one attempt may take.
     - ``concurrency_key``: a string, or a callable of the input returning one (or
-      None): at most one run per key runs at a time.
+      None): at most ``concurrency_limit`` runs per key run at a time.
+    - ``concurrency_limit``: how many runs of one key may run at once across the
+      fleet, 1 by default (at most 1000).
     - ``priority``: higher is claimed first within a pool.
     - ``schedule``: a cron string or a :class:`~django_jobs.Schedule`, to start a
       run at every tick.
@@ -185,6 +190,7 @@ def job(
         concurrency_key is None or isinstance(concurrency_key, str) or callable(concurrency_key)
     ):
         raise TypeError(f"concurrency_key must be a string or a callable, got {concurrency_key!r}")
+    check_concurrency_limit(concurrency_limit)
     if not (rate_limit_key is None or isinstance(rate_limit_key, str) or callable(rate_limit_key)):
         raise TypeError(f"rate_limit_key must be a string or a callable, got {rate_limit_key!r}")
     if rate_limit_key is not None and rate_limit is None:
@@ -214,6 +220,7 @@ def job(
             retry=retry or NO_RETRY,
             timeout=seconds,
             concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
             priority=priority,
             schedule=schedule,
             rate_limit=rate,

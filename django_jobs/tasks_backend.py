@@ -39,6 +39,7 @@ from .backoff import NO_RETRY, RetryPolicy
 from .exceptions import InvalidJobInput, never_retried
 from .logstream import SafeTracebacks
 from .models import FINISHED_STATUSES, JobRun, Status
+from .names import concurrency_limit
 from .payloads import normalize
 from .pools import pool_problem
 from .registry import JobHandler
@@ -93,12 +94,14 @@ class JobsTask(Task):  # type: ignore[type-arg,misc,unused-ignore]
     """A task with django_jobs' options, given to ``@task(...)`` (Django 6.1+, django-tasks).
 
     ``retry`` is a ``RetryPolicy``; ``timeout`` seconds or a ``timedelta``;
-    ``concurrency_key`` a string, or a callable given the task's arguments.
+    ``concurrency_key`` a string, or a callable given the task's arguments;
+    ``concurrency_limit`` how many runs of a key may run at once (1 to 1000).
     """
 
     retry: RetryPolicy | None = None
     timeout: float | timedelta | None = None
     concurrency_key: TaskKey = None
+    concurrency_limit: int = 1
 
 
 class JobsBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
@@ -144,6 +147,7 @@ class JobsBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
             pool=task.queue_name,
             priority=task.priority,
             concurrency_key=_key(task, data),
+            concurrency_limit=getattr(task, "concurrency_limit", 1),
             **options,
         )
 
@@ -261,6 +265,10 @@ def _validate_options(task: JobsTask) -> None:
     key = task.concurrency_key
     if not (key is None or isinstance(key, str) or callable(key)):
         raise InvalidTask(f"concurrency_key must be a string or a callable, got {key!r}")
+    try:
+        concurrency_limit(task.concurrency_limit)
+    except (TypeError, ValueError) as exc:
+        raise InvalidTask(str(exc)) from None
 
 
 def _seconds(timeout: object) -> float | None:

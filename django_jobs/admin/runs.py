@@ -36,6 +36,8 @@ from .timeline import StepTimelineMixin
 
 # Children listed on a run's page; the rest are a filtered run list away.
 CHILDREN_SHOWN = 50
+# The runs named as holding a concurrency key's slots, of the first by id.
+HOLDERS_SHOWN = 5
 # Pools the pool filter lists at most (a worker row may name thousands).
 POOLS_OFFERED = 200
 # Characters of a running run's progress the run list shows under its status.
@@ -145,6 +147,7 @@ class JobRunAdmin(  # type: ignore[misc]
         "tenant_id": _("tenant"),
         "tags": _("tags"),
         "concurrency_key": _("concurrency key"),
+        "concurrency_limit": _("concurrency limit"),
         "idempotency_key": _("idempotency key"),
         "created_at": _("created"),
         "cancel_reason": _("cancel reason"),
@@ -200,6 +203,7 @@ class JobRunAdmin(  # type: ignore[misc]
                     "tenant_id",
                     "tag_list",
                     "concurrency_key",
+                    "concurrency_limit",
                     "waits_for",
                     "idempotency_key",
                 ]
@@ -403,19 +407,25 @@ class JobRunAdmin(  # type: ignore[misc]
 
     @admin.display(description=_("waits for"))
     def waits_for(self, run: JobRun) -> SafeString | str:
-        """What keeps a pending run of a concurrency key from running: the run that
-        holds the key now."""
+        """What keeps a pending run of a concurrency key from running: the runs that
+        hold the key's slots now."""
         if run.status != Status.PENDING or run.concurrency_key is None:
             return EMPTY
-        holder = (
-            JobRun.objects.using(conf.get().DATABASE)
-            .filter(concurrency_key=run.concurrency_key, status=Status.RUNNING)
-            .only("id", "job_type", "status")
-            .first()
+        limit = max(1, run.concurrency_limit)
+        running = JobRun.objects.using(conf.get().DATABASE).filter(
+            concurrency_key=run.concurrency_key, status=Status.RUNNING
         )
-        if holder is not None:
+        holders = list(running.only("id", "job_type", "status").order_by("id")[:HOLDERS_SHOWN])
+        if limit == 1 and holders:
             return format_html(
-                gettext("its concurrency key, which {run} holds"), run=display.run_label(holder)
+                gettext("its concurrency key, which {run} holds"), run=display.run_label(holders[0])
+            )
+        if limit > 1 and running.order_by()[:limit].count() >= limit:
+            shown = format_html_join(", ", "{}", ((display.run_label(h),) for h in holders))
+            return format_html(
+                gettext("its concurrency key, whose {limit} slots {runs} hold"),
+                limit=limit,
+                runs=shown if limit <= HOLDERS_SHOWN else format_html("{}, …", shown),
             )
         if run.hold == Hold.KEY:
             return gettext("its concurrency key, free now: it is released next")

@@ -30,15 +30,13 @@ from django.db.models import (
     Exists,
     ExpressionWrapper,
     F,
-    OuterRef,
-    Q,
     Subquery,
 )
 from django.db.models.functions import Now
 
-from ..models import JobPool, Status
+from ..models import Hold, JobPool, Status
 from ..ratelimits import Limits
-from . import ratelimits, runs, using, vendors
+from . import keys, ratelimits, runs, using, vendors
 from .leases import WorkerIds
 from .reading import (
     CLAIM_FIELDS,
@@ -312,12 +310,11 @@ def candidates(
         due = due.filter(~Exists(paused.filter(name=pools[0])))
     else:
         due = due.exclude(pool__in=Subquery(paused.order_by().values("name")))
-    # A run whose concurrency key is running now is not a candidate, so a blocked
-    # run is passed over instead of being claimed and put back (no spinning).
-    # Checked only for rows that have a key, so the planner does not turn it into
-    # an anti-join that scans every running row on each claim.
-    key_busy = runs().filter(concurrency_key=OuterRef("concurrency_key"), status=Status.RUNNING)
-    due = due.filter(Q(concurrency_key__isnull=True) | ~Exists(key_busy))
+    # A run whose concurrency key has no slot free now is not a candidate, so a
+    # blocked run is passed over instead of being claimed and put back (no
+    # spinning). Checked only for rows that have a key, so the planner does not
+    # turn it into an anti-join that scans every running row on each claim.
+    due = due.filter(keys.has_room())
     # SKIP LOCKED: rows another worker is claiming right now are passed over
     # instead of waited for, so claimers never queue behind each other and
     # never both get one row. The filter and order match the partial index
@@ -325,6 +322,10 @@ def candidates(
     # finished history nor with runs held for their key (storage.keys).
     due = due.order_by("-priority", "run_at")
     return due.select_for_update(skip_locked=True) if locked else due
+
+
+# What a one-statement claim reads of the runs it picks (the vendor's statement names them).
+_PICKED = ("id", "concurrency_key", "concurrency_limit", "priority", "run_at")
 
 
 def _claim_in_one_statement(
@@ -348,11 +349,9 @@ def _claim_in_one_statement(
             if limits is not None:
                 under = ratelimits.under_a_limit(limits)
                 rows = rows.annotate(deferred=ExpressionWrapper(under, output_field=BooleanField()))
-                sets.append(
-                    rows.values("id", "concurrency_key", "priority", "run_at", "deferred")[:limit]
-                )
+                sets.append(rows.values(*_PICKED, "deferred")[:limit])
             else:
-                sets.append(rows.values("id", "concurrency_key", "priority", "run_at")[:limit])
+                sets.append(rows.values(*_PICKED)[:limit])
         return sets
 
     rows = vendors.of(connection).claim(
@@ -433,7 +432,7 @@ def claim_two_statements(
                     if not rows:
                         taken += ids
                         continue
-                    rows = one_per_key(rows)
+                    rows = keys.within_limits(rows)
                     if not rows:
                         return []
                     if admit is not None:
@@ -483,57 +482,31 @@ def mark_running(rows: list[dict[str, Any]], worker_id: uuid.UUID, token: uuid.U
         lease_token=token,
         started_at=Now(),
         worker_ids=WorkerIds(worker_id),
+        **keys.slots_of(rows),
     )
 
 
 def _locked(ids: list[int]) -> list[dict[str, Any]]:
-    """The rows of ``ids`` still pending, locked, in the order of ``ids``; the rows
-    other transactions hold are skipped. Each says whether its run has recorded
-    steps, so that a first execution needs no query to learn it has none."""
+    """The rows of ``ids`` still pending and ready, locked, in the order of ``ids``;
+    the rows other transactions hold are skipped. Each says whether its run has
+    recorded steps, so that a first execution needs no query to learn it has none."""
     # Locked by primary key alone, the status checked under the lock (see
     # mark_running): a status condition here could lock index entries of other
     # runs on InnoDB. A row no longer pending stays locked until the claim
-    # commits, changed by nothing.
+    # commits, changed by nothing. Nor is a row held since it was picked (the
+    # worker's hold pass committed between the two statements) claimed: it
+    # would run held, and keep its hold past its end.
     locked = claimed_values(
         runs().filter(pk__in=ids).order_by().select_for_update(skip_locked=True),
         "rate_key",
+        "concurrency_limit",
         "status",
+        "hold",
     )
     order = {run_id: n for n, run_id in enumerate(ids)}
-    pending = [row for row in locked if row.pop("status") == Status.PENDING]
+    pending = [
+        row
+        for row in locked
+        if (row.pop("status"), row.pop("hold")) == (Status.PENDING, Hold.READY)
+    ]
     return sorted(pending, key=lambda row: order[row["id"]])
-
-
-def one_per_key(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Keep at most one row per concurrency key, and only keys no other claim is taking.
-
-    Two claims inserting several keys into the unique index at once could wait
-    on each other's uncommitted keys in a cycle (a deadlock). So the vendor says
-    which keys this claim may take without waiting (PostgreSQL: the keys whose
-    transaction-scoped advisory lock was free; MySQL and MariaDB: whose named
-    lock was free; elsewhere: one key per claim, which cannot form a cycle).
-    """
-    first: dict[str, dict[str, Any]] = {}
-    for row in rows:
-        if row["concurrency_key"] is not None:
-            first.setdefault(row["concurrency_key"], row)
-    if not first:
-        return rows
-    allowed = _free_keys(list(first))
-    kept_ids = {row["id"] for key, row in first.items() if key in allowed}
-    return [row for row in rows if row["concurrency_key"] is None or row["id"] in kept_ids]
-
-
-def _free_keys(keys: list[str]) -> set[str]:
-    connection = connections[using()]
-    locked = vendors.of(connection).lock_keys(connection, keys)
-    if not locked:
-        return locked
-    # A claim that held one of these keys may have committed after this
-    # claim's first statement began; this new statement sees it.
-    busy = set(
-        runs()
-        .filter(concurrency_key__in=locked, status=Status.RUNNING)
-        .values_list("concurrency_key", flat=True)
-    )
-    return locked - busy

@@ -30,13 +30,26 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Iterable, Iterator
+from typing import Any
 
-from django.db import transaction
-from django.db.models import Exists, OuterRef
-from django.db.models.functions import Now
+from django.db import connections, transaction
+from django.db.models import (
+    Case,
+    Count,
+    Exists,
+    F,
+    IntegerField,
+    OuterRef,
+    Q,
+    Subquery,
+    Value,
+    When,
+)
+from django.db.models.functions import Coalesce, Now
+from django.db.models.lookups import LessThan
 
 from ..models import Hold, Status
-from . import runs, using
+from . import runs, using, vendors
 
 logger = logging.getLogger(__name__)
 
@@ -44,17 +57,47 @@ logger = logging.getLogger(__name__)
 _KEYS_PER_STATEMENT = 500
 
 
-def taken(keys: Iterable[str | None]) -> set[str]:
-    """Of ``keys``, those a running run holds now."""
+def taken(keys: Iterable[str | None], limit: int = 1) -> set[str]:
+    """Of ``keys``, those that ``limit`` running runs (or more) hold now."""
     found: set[str] = set()
     for chunk in _chunks(keys):
-        found.update(
-            runs()
-            .filter(status=Status.RUNNING, concurrency_key__in=chunk)
-            .order_by()
-            .values_list("concurrency_key", flat=True)
-        )
+        running = runs().filter(status=Status.RUNNING, concurrency_key__in=chunk).order_by()
+        if limit <= 1:
+            found.update(running.values_list("concurrency_key", flat=True))
+        else:
+            found.update(
+                key
+                for key, count in running.values("concurrency_key")
+                .annotate(count=Count("id"))
+                .values_list("concurrency_key", "count")
+                if count >= limit
+            )
     return found
+
+
+def running_count() -> Any:
+    """How many runs of the outer row's concurrency key run now (0 when none)."""
+    count = (
+        runs()
+        .filter(concurrency_key=OuterRef("concurrency_key"), status=Status.RUNNING)
+        .order_by()
+        .values("concurrency_key")
+        .annotate(count=Count("id"))
+        .values("count")
+    )
+    return Coalesce(Subquery(count), Value(0))
+
+
+def has_room() -> Q:
+    """Whether the outer run's concurrency key has a slot free for it now (a run
+    without a key always has): fewer runs of the key run than its limit."""
+    running = runs().filter(concurrency_key=OuterRef("concurrency_key"), status=Status.RUNNING)
+    # Exists first: most keys are free, and most limits are 1.
+    return (
+        Q(concurrency_key__isnull=True)
+        | ~Exists(running)
+        | Q(concurrency_limit__gt=1) & Q(LessThan(running_count(), F("concurrency_limit")))
+    )
 
 
 def release_after_commit(keys: Iterable[str | None]) -> None:
@@ -91,53 +134,65 @@ def release(keys: Iterable[str | None]) -> int:
 
 
 def _release_one(key: str) -> int:
-    running = runs().filter(concurrency_key=OuterRef("concurrency_key"), status=Status.RUNNING)
-    ready = runs().due(None).filter(concurrency_key=OuterRef("concurrency_key"))
-    first = (
-        runs()
-        .filter(status=Status.PENDING, hold=Hold.KEY, concurrency_key=key)
-        .filter(~Exists(running), ~Exists(ready))
-        .order_by("-priority", "run_at", "id")
-        .values_list("id", flat=True)
-        .first()
-    )
-    if first is None:
+    """Make ready the first held runs of ``key``, as many as its limit has room
+    for beside its running and ready due runs; how many."""
+    held = runs().filter(status=Status.PENDING, hold=Hold.KEY, concurrency_key=key)
+    first = held.order_by("-priority", "run_at", "id").values_list("id", "concurrency_limit")[:1]
+    if not first:
         return 0
+    first_id, limit = first[0]
+    busy = runs().filter(concurrency_key=key, status=Status.RUNNING).order_by()
+    ready = runs().due(None).filter(concurrency_key=key).order_by()
+    if limit <= 1:
+        if busy.exists() or ready.exists():
+            return 0
+        ids = [first_id]
+    else:
+        room = limit - busy[:limit].count() - ready[:limit].count()
+        if room <= 0:
+            return 0
+        ids = list(held.order_by("-priority", "run_at", "id").values_list("id", flat=True)[:room])
     # By primary key: held runs are in no claim, so nothing but a cancel or
-    # another release holds this row. Still held when written, or nothing.
+    # another release holds these rows. Still held when written, or nothing.
     return int(
-        runs().filter(pk=first, status=Status.PENDING, hold=Hold.KEY).update(hold=Hold.READY)
+        runs().filter(pk__in=ids, status=Status.PENDING, hold=Hold.KEY).update(hold=Hold.READY)
     )
 
 
 def hold_taken(limit: int = 5000) -> int:
     """Hold the ready due runs of the keys that are taken now, up to ``limit``; how many.
 
-    The taken keys are few (at most one per running run); their ready runs are
+    The taken keys are few (at most one per running run), read with how many
+    runs of each run; their ready runs whose concurrency limit so many reach are
     found through ``django_jobs_run_keyed``, then locked by id, skipping rows
     another transaction holds (a claim taking one), and held if still ready.
     """
-    keys = list(
+    counts: dict[int, list[str]] = {}
+    for key, count in (
         runs()
         .filter(status=Status.RUNNING, concurrency_key__isnull=False)
         .order_by()
-        .values_list("concurrency_key", flat=True)[: _KEYS_PER_STATEMENT * 10]
-    )
+        .values("concurrency_key")
+        .annotate(count=Count("id"))
+        .values_list("concurrency_key", "count")[: _KEYS_PER_STATEMENT * 10]
+    ):
+        counts.setdefault(count, []).append(key)
     held = 0
-    for chunk in _chunks(keys):
-        # Due runs only: a held run is due, so a release makes a run ready that
-        # can be claimed at once (one due later is held once it is due).
-        found = list(
-            runs()
-            .filter(status=Status.PENDING, hold=Hold.READY, concurrency_key__in=chunk)
-            .filter(run_at__lte=Now())
-            .order_by()
-            .values_list("id", flat=True)[: limit - held]
-        )
-        if found:
-            held += _hold(found)
-        if held >= limit:
-            break
+    for count, keys in sorted(counts.items()):
+        for chunk in _chunks(keys):
+            # Due runs only: a held run is due, so a release makes a run ready that
+            # can be claimed at once (one due later is held once it is due).
+            found = list(
+                runs()
+                .filter(status=Status.PENDING, hold=Hold.READY, concurrency_key__in=chunk)
+                .filter(run_at__lte=Now(), concurrency_limit__lte=count)
+                .order_by()
+                .values_list("id", flat=True)[: limit - held]
+            )
+            if found:
+                held += _hold(found)
+            if held >= limit:
+                return held
     return held
 
 
@@ -161,13 +216,12 @@ def _hold(ids: list[int]) -> int:
 
 
 def release_stranded(limit: int = 1000) -> int:
-    """Release the held runs of keys no run holds (a crash between a commit and its
-    release); how many were released."""
-    running = runs().filter(concurrency_key=OuterRef("concurrency_key"), status=Status.RUNNING)
+    """Release the held runs of keys with room for them (a crash between a commit and
+    its release); how many were released."""
     keys = list(
         runs()
         .filter(status=Status.PENDING, hold=Hold.KEY, concurrency_key__isnull=False)
-        .filter(~Exists(running))
+        .filter(has_room())
         .order_by()
         .values_list("concurrency_key", flat=True)
         .distinct()[:limit]
@@ -176,6 +230,66 @@ def release_stranded(limit: int = 1000) -> int:
     if released:
         logger.info("released held runs of free concurrency keys released=%d", released)
     return released
+
+
+def within_limits(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Of the locked ``rows`` (in claim order), those a claim may mark running, each
+    with a key given a free slot (``row["concurrency_slot"]``): as many of a key as
+    its limit has free slots, and only of keys no other claim is taking.
+
+    Two claims inserting several keys into the unique index at once could wait on
+    each other's uncommitted keys in a cycle (a deadlock). So the vendor says
+    which keys this claim may take without waiting (PostgreSQL: the keys whose
+    transaction-scoped advisory lock was free; MySQL and MariaDB: whose named
+    lock was free; elsewhere: one key per claim, which cannot form a cycle).
+    Under that lock, no other claim gives a slot of the key, so the slots read
+    here stay free until this claim commits.
+    """
+    wanted = list(dict.fromkeys(row["concurrency_key"] for row in rows if row["concurrency_key"]))
+    if not wanted:
+        return rows
+    connection = connections[using()]
+    allowed = vendors.of(connection).lock_keys(connection, wanted)
+    used: dict[str, set[int]] = {key: set() for key in allowed}
+    if allowed:
+        # A claim that took a slot may have committed after this claim's first
+        # statement began; this new statement sees it.
+        for key, slot in (
+            runs()
+            .filter(concurrency_key__in=allowed, status=Status.RUNNING)
+            .order_by()
+            .values_list("concurrency_key", Coalesce("concurrency_slot", Value(0)))
+        ):
+            used[key].add(slot)
+    kept = []
+    for row in rows:
+        key = row["concurrency_key"]
+        if key is None:
+            kept.append(row)
+            continue
+        if key not in used:
+            continue
+        limit = max(1, row.get("concurrency_limit") or 1)
+        free = next((slot for slot in range(limit) if slot not in used[key]), None)
+        if free is None:
+            continue
+        used[key].add(free)
+        row["concurrency_slot"] = free
+        kept.append(row)
+    return kept
+
+
+def slots_of(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ``concurrency_slot`` column's values for the UPDATE that marks ``rows``
+    running (as ``within_limits`` gave them), or nothing when none has a key."""
+    by_slot: dict[int, list[int]] = {}
+    for row in rows:
+        if row.get("concurrency_slot") is not None:
+            by_slot.setdefault(row["concurrency_slot"], []).append(row["id"])
+    if not by_slot:
+        return {}
+    whens = [When(pk__in=ids, then=Value(slot)) for slot, ids in sorted(by_slot.items())]
+    return {"concurrency_slot": Case(*whens, default=Value(None), output_field=IntegerField())}
 
 
 def _chunks(keys: Iterable[str | None]) -> Iterator[list[str]]:

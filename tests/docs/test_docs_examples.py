@@ -319,6 +319,16 @@ def the_claim_skips_a_blocked_key(ns: dict[str, Any], settings: Any) -> None:
     assert claimed_second.run_id == second.pk
 
 
+def a_claim_takes_five_runs_of_the_partner_key(ns: dict[str, Any], settings: Any) -> None:
+    """keys.md: a limit of 5 lets five runs of the key run at once, not a sixth."""
+    ns["call_partner"].start_many([{"n": n} for n in range(7)])
+    batch = claiming.claim_batch(WorkerFactory().pk, None, 10)
+    assert len(batch) == 5
+    slots = JobRun.objects.filter(status=Status.RUNNING).values_list("concurrency_slot", flat=True)
+    assert sorted(slots) == [0, 1, 2, 3, 4]
+    assert claiming.claim_batch(WorkerFactory().pk, None, 10) == []
+
+
 def racing_starts_share_one_run(ns: dict[str, Any], settings: Any) -> None:
     """keys.md: callers racing with one idempotency key get the same run."""
     callers = 8
@@ -349,7 +359,8 @@ EXTRA_CHECKS: dict[str, tuple[str, tuple[Check, ...]]] = {
     ),
     "timeouts.md:1": ("docs.crawl", (watchdog_times_out_and_handler_leaves,)),
     "keys.md:1": ("docs.sync_account", (the_claim_skips_a_blocked_key,)),
-    "keys.md:3": ("docs.welcome_email", (racing_starts_share_one_run,)),
+    "keys.md:2": ("docs.call_partner", (a_claim_takes_five_runs_of_the_partner_key,)),
+    "keys.md:4": ("docs.welcome_email", (racing_starts_share_one_run,)),
 }
 
 # block id -> (text the block must contain, what is wrong in django_jobs)

@@ -336,3 +336,22 @@ def test_a_release_reads_a_key_once_not_each_run_held_for_it() -> None:
         assert keys.release(["k"]) == 0
     (found,) = [q["sql"] for q in queries if "DISTINCT" in q["sql"]]
     assert "ORDER BY" not in found
+
+
+def test_a_run_held_between_a_claims_pick_and_its_lock_is_not_claimed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The two-statement claim picks ready runs, then locks them by id: a run the
+    worker's hold pass held in between stays pending and held, not run held."""
+    held, free = start("tests.keyed", {"key": "k"}), start("tests.noop")
+    real_locked = claiming._locked
+
+    def held_meanwhile(ids: list[int]) -> list[dict[str, Any]]:
+        JobRun.objects.filter(pk=held.pk).update(hold=Hold.KEY)
+        return real_locked(ids)
+
+    monkeypatch.setattr(claiming, "_locked", held_meanwhile)
+    picked = claiming.candidates(["default"], locked=False)
+    claimed = claiming.claim_two_statements(WorkerFactory().pk, picked, 10)
+    assert [c.run_id for c in claimed] == [free.pk]
+    assert (JobRun.objects.get(pk=held.pk).status, hold_of(held)) == (Status.PENDING, Hold.KEY)

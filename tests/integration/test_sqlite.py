@@ -185,3 +185,32 @@ def test_runs_held_for_a_concurrency_key_are_released_on_sqlite_too() -> None:
         assert [run_of(run).output for run in held] == [0, 1, 2]
     finally:
         unregister("sqlite.keyed")
+
+
+def test_a_concurrency_limit_is_enforced_and_its_held_runs_released_on_sqlite_too() -> None:
+    from django_jobs.models import Worker
+    from django_jobs.storage import claiming, keys
+
+    @job("sqlite.limited", concurrency_key="two", concurrency_limit=2)
+    def limited(ctx: JobContext) -> Any:
+        return ctx.input["n"]
+
+    try:
+        worker = Worker.objects.using("sqlite").create(
+            hostname="h", pid=1, pools=["default"], concurrency=4
+        )
+        started = [start("sqlite.limited", {"n": n}) for n in range(5)]
+        assert len(claiming.claim_batch(worker.pk, ["default"], 5)) == 2
+        assert claiming.claim_batch(worker.pk, ["default"], 5) == []
+        assert sorted(
+            runs().filter(status=Status.RUNNING).values_list("concurrency_slot", flat=True)
+        ) == [0, 1]
+        held = start("sqlite.limited", {"n": 5})
+        assert run_of(held).hold == "key"
+        runs().filter(status=Status.RUNNING).update(status=Status.COMPLETED, lease_token=None)
+        # Three ready runs of the key fill its two slots: the held one waits.
+        assert keys.release_stranded() == 0
+        assert drain() == 4
+        assert [run_of(run).output for run in [*started[2:], held]] == [2, 3, 4, 5]
+    finally:
+        unregister("sqlite.limited")

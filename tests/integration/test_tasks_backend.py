@@ -304,6 +304,13 @@ def test_concurrency_key_from_the_tasks_arguments() -> None:
     assert JobRun.objects.get(pk=run_id(result.id)).concurrency_key == "account:7"
 
 
+def test_a_tasks_concurrency_limit_is_its_runs() -> None:
+    limited = task(concurrency_key="partner", concurrency_limit=4)(tasks.add.func)
+    result = limited.enqueue(1, 2)
+    stored = JobRun.objects.get(pk=run_id(result.id))
+    assert (stored.concurrency_key, stored.concurrency_limit) == ("partner", 4)
+
+
 def test_get_result_of_what_is_not_a_task_run() -> None:
     job_run = start("tests.noop")
     real = tasks.add.enqueue(1, 1).id
@@ -355,6 +362,8 @@ def test_task_options_are_validated() -> None:
         task(timeout=-1)(tasks.add.func)
     with pytest.raises(InvalidTask, match="concurrency_key must be"):
         task(concurrency_key=3)(tasks.add.func)
+    with pytest.raises(InvalidTask, match="concurrency_limit must be between 1 and 1000"):
+        task(concurrency_key="k", concurrency_limit=0)(tasks.add.func)
     with pytest.raises(InvalidTask, match=r"queue_name 'x{101}' is longer"):
         tasks.add.using(queue_name="x" * 101)
     configured = task(retry=RetryPolicy(attempts=4), timeout=timedelta(seconds=3))(tasks.add.func)

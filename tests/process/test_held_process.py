@@ -2,7 +2,8 @@
 
 Runs of a few keys arrive in waves while the keys are taken (so they start held)
 and while workers are killed at random: every run completes once its attempt
-finished, no two runs of a key ever overlap, and none is left held.
+finished, no more runs of a key than its limit (1, or 3) ever overlap, and none
+is left held.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import signal
 import time
 
 import pytest
+from django.db.models import Count
 
 from django_jobs import start_many
 from django_jobs.models import Hold, JobRun, Status
@@ -28,20 +30,23 @@ WORKERS = 3
 CONCURRENCY = 4
 
 
+@pytest.mark.parametrize(
+    ("job_type", "limit"), [("tests.keyed_retried", 1), ("tests.limited_retried", 3)]
+)
 def test_held_runs_of_busy_keys_run_once_each_in_turn_through_a_kill_storm(
-    start_worker: StartWorker,
+    start_worker: StartWorker, job_type: str, limit: int
 ) -> None:
     args = ("--pool", "default", "--concurrency", str(CONCURRENCY))
     fleet = [start_worker(*args) for _ in range(WORKERS)]
     rng = random.Random(29)
-    held_seen = kills = 0
+    held_seen = kills = running_seen = 0
     for wave in range(WAVES):
-        start_many(
-            "tests.keyed_retried",
-            [{"key": f"k{n % KEYS}", "seconds": 0.05} for n in range(PER_WAVE)],
-        )
+        start_many(job_type, [{"key": f"k{n % KEYS}", "seconds": 0.05} for n in range(PER_WAVE)])
         held_seen = max(held_seen, JobRun.objects.filter(hold=Hold.KEY).count())
-        time.sleep(rng.uniform(0.5, 1.0))
+        pause = time.monotonic() + rng.uniform(0.5, 1.0)
+        while time.monotonic() < pause:
+            running_seen = max(running_seen, _most_running())
+            time.sleep(0.02)
         if wave % 2:
             victim = fleet.pop(rng.randrange(len(fleet)))
             victim.signal(signal.SIGKILL)
@@ -51,6 +56,7 @@ def test_held_runs_of_busy_keys_run_once_each_in_turn_through_a_kill_storm(
     total = WAVES * PER_WAVE
     deadline = time.monotonic() + 180
     while JobRun.objects.filter(status=Status.COMPLETED).count() < total:
+        running_seen = max(running_seen, _most_running())
         assert time.monotonic() < deadline, list(
             JobRun.objects.exclude(status=Status.COMPLETED).values_list("id", "status", "hold")
         )
@@ -58,16 +64,36 @@ def test_held_runs_of_busy_keys_run_once_each_in_turn_through_a_kill_storm(
     assert held_seen > 0, "no run was ever held: the test proved nothing"
     assert not JobRun.objects.filter(status=Status.PENDING).exists()
     assert not JobRun.objects.exclude(hold=Hold.READY).exists()
-    # Each run's finished execution is its only one past the kills, and two runs
-    # of one key never ran at once (an execution cut by a kill has no end).
+    # The database never had more runs of a key running than its limit, and the
+    # limit was reached (or the test proved nothing).
+    assert running_seen == limit
+    # Each run's finished execution is its only one past the kills, and no more
+    # runs of one key than its limit ran at once (an execution cut by a kill has
+    # no end).
+    overlap = 0
     for key in range(KEYS):
-        spans = sorted(
-            Execution.objects.filter(
-                job_type=f"keyed:k{key}", finished_at__isnull=False
-            ).values_list("started_at", "finished_at")
-        )
-        for (_, end), (next_start, _) in itertools.pairwise(spans):
-            assert end <= next_start, key
+        spans = Execution.objects.filter(
+            job_type=f"keyed:k{key}", finished_at__isnull=False
+        ).values_list("started_at", "finished_at")
+        # Ends before starts at one instant: a run that ended as the next began.
+        edges = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+        overlap = max(overlap, max(itertools.accumulate(step for _, step in edges)))
+    assert 1 <= overlap <= limit
     finished = Execution.objects.filter(job_type__startswith="keyed:", finished_at__isnull=False)
     assert finished.values("run_id").distinct().count() == total
-    print(f"\nheld: {total} runs over {KEYS} keys, {kills} kills, {held_seen} held at once at most")
+    print(
+        f"\nheld: {total} runs over {KEYS} keys of limit {limit}, {kills} kills, "
+        f"{held_seen} held at once at most, {running_seen} of a key running at once at most"
+    )
+
+
+def _most_running() -> int:
+    """The most runs of one concurrency key running now."""
+    counts = (
+        JobRun.objects.filter(status=Status.RUNNING, concurrency_key__isnull=False)
+        .order_by()
+        .values("concurrency_key")
+        .annotate(n=Count("id"))
+        .values_list("n", flat=True)
+    )
+    return max(counts, default=0)

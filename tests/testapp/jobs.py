@@ -266,6 +266,17 @@ def keyed_retried(ctx: JobContext) -> str:
     return "done"
 
 
+@job(
+    "tests.limited_retried",
+    concurrency_key=lambda input: input.get("key"),
+    concurrency_limit=3,
+    retry=RetryPolicy(attempts=20, base_delay=0),
+)
+def limited_retried(ctx: JobContext) -> str:
+    """``tests.keyed_retried`` with three runs of a key at once."""
+    return keyed_retried(ctx)  # type: ignore[no-any-return]
+
+
 @job("tests.chaos", retry=RetryPolicy(attempts=20, base_delay=0))
 def chaos(ctx: JobContext) -> int:
     """Three steps with a side effect and a pause each: a target for kill storms."""

@@ -332,27 +332,49 @@ def _claim_statement(
     dates_ok = " AND ".join(
         f"({columns[name]} IS NULL OR {columns[name]} {_READABLE})" for name in dates
     )
-    # One row per concurrency key (the first in claim order), and a key only
-    # under a transaction-scoped advisory lock taken without waiting: two claims
-    # putting several keys into the unique index at once could otherwise wait
-    # on each other in a cycle (see claiming.one_per_key for the two-statement form).
+    # Of each concurrency key, as many rows (the first in claim order) as it has
+    # free slots, each given one, and a key only under a transaction-scoped
+    # advisory lock taken without waiting: two claims putting several keys into
+    # the unique index at once could otherwise wait on each other in a cycle (see
+    # keys.within_limits for the two-statement form). A run of limit 1 takes
+    # slot 0: the candidates' filter saw its key free. A run of a larger limit
+    # takes the nth free slot of its key, n its rank among the key's rows here.
+    status = Status.RUNNING
     ranked = f"""
         ranked AS (
-            SELECT id, concurrency_key, row_number() OVER (
-                PARTITION BY concurrency_key ORDER BY priority DESC, run_at
+            SELECT id, concurrency_key, concurrency_limit, row_number() OVER (
+                PARTITION BY concurrency_key ORDER BY priority DESC, run_at, id
             ) AS nth
             FROM picked {"WHERE NOT deferred" if deferring else ""}
+        ),
+        slotted AS MATERIALIZED (
+            SELECT id, concurrency_key, CASE
+                WHEN concurrency_key IS NULL THEN NULL
+                WHEN concurrency_limit <= 1 THEN CASE WHEN nth = 1 THEN 0 END
+                ELSE (
+                    SELECT slot FROM generate_series(0, concurrency_limit - 1) AS slot
+                    WHERE NOT EXISTS (
+                        SELECT 1 FROM {table} AS busy
+                        WHERE busy.concurrency_key = ranked.concurrency_key
+                        AND busy.status = '{status}'
+                        AND COALESCE(busy.concurrency_slot, 0) = slot
+                    )
+                    ORDER BY slot OFFSET nth - 1 LIMIT 1
+                )
+            END AS slot
+            FROM ranked
         )
     """
     update = f"""
         UPDATE {table} AS run
-        SET status = '{Status.RUNNING}', attempts = run.attempts + 1, claimed_by_id = %s,
+        SET status = '{status}', attempts = run.attempts + 1, claimed_by_id = %s,
             lease_token = %s, started_at = STATEMENT_TIMESTAMP(),
-            worker_ids = run.worker_ids || jsonb_build_array(%s::text)
+            worker_ids = run.worker_ids || jsonb_build_array(%s::text),
+            concurrency_slot = (SELECT slot FROM slotted WHERE slotted.id = run.id)
         WHERE run.id = ANY(ARRAY(
-            SELECT id FROM ranked
+            SELECT id FROM slotted
             WHERE concurrency_key IS NULL OR (
-                nth = 1
+                slot IS NOT NULL
                 AND pg_try_advisory_xact_lock({ADVISORY_NAMESPACE}, hashtext(concurrency_key))
             )
         ))
