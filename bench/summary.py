@@ -342,8 +342,10 @@ def ratelimit_section(rec: Records) -> list[str]:
 HELD_TARGET = 0.8
 HELD_BACKLOGS = {
     "key": "waiting for a taken concurrency key",
+    "tenant": "of a tenant at its cap (TENANT_CONCURRENCY 1; claims under caps)",
     "later": "due tomorrow",
     "paused": "in a paused pool the worker serves",
+    "stale": "none, statistics taken with one pending run",
 }
 
 

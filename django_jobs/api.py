@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import json
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -22,7 +23,7 @@ from .names import concurrency_limit as check_concurrency_limit
 from .names import pool_problem
 from .payloads import control_problem, normalize, to_json
 from .registry import JobHandler, get_handler
-from .storage import keys as held_keys
+from .storage import holds as held
 from .storage import vendors
 from .storage.notify import notify_pools
 
@@ -91,10 +92,10 @@ def start_handler(
     if trigger is not None:
         run.trigger_source, run.trigger_ref = trigger
     using = conf.get().DATABASE
-    taken = _hold_taken([run])
+    release = _hold_at_start([run])
     if run.idempotency_key is None:
         run.save(using=using, force_insert=True)
-        held_keys.release_after_commit(taken)
+        release()
         return run
     try:
         # A savepoint: a duplicate key must not break the caller's transaction.
@@ -115,7 +116,7 @@ def start_handler(
         if existing is None:
             raise
         return existing
-    held_keys.release_after_commit(taken)
+    release()
     return run
 
 
@@ -158,8 +159,7 @@ def start_many(job_type: str, inputs: Iterable[Any], **options: Any) -> list[Job
     connection = connections[using]
     vendor = vendors.of(connection)
 
-    taken = _taken_at_start(template, keys)
-    holds = [Hold.KEY if key in taken else Hold.READY for key in keys]
+    holds, release = _holds_at_start(template, keys)
 
     def insert(chunk: range) -> list[JobRun]:
         part = vendor.insert_runs(
@@ -183,7 +183,7 @@ def start_many(job_type: str, inputs: Iterable[Any], **options: Any) -> list[Job
     else:
         with transaction.atomic(using=using):  # all the runs or none
             started = [run for chunk in chunks for run in insert(chunk)]
-    held_keys.release_after_commit(taken)
+    release()
     return started
 
 
@@ -213,26 +213,44 @@ def _copy(template: JobRun, data: Any, key: str | None, rate_key: str | None, ho
     return run
 
 
-def _hold_taken(new_runs: list[JobRun]) -> set[str]:
-    """Start held the new runs whose concurrency key is taken now (``storage.keys``);
-    the keys taken."""
-    taken = _taken_at_start(new_runs[0], [run.concurrency_key for run in new_runs])
-    for run in new_runs:
-        if run.concurrency_key in taken:
-            run.hold = Hold.KEY
-    return taken
+def _hold_at_start(new_runs: list[JobRun]) -> Callable[[], None]:
+    """Start held the new runs whose group is full now (``storage.holds``); what
+    releases their groups once they are written."""
+    found, release = _holds_at_start(new_runs[0], [run.concurrency_key for run in new_runs])
+    for run, hold in zip(new_runs, found, strict=True):
+        run.hold = hold
+    return release
 
 
-def _taken_at_start(template: JobRun, keys: list[str | None]) -> set[str]:
-    """Of the runs' ``keys``, those taken now, for runs due now (``template``'s start
-    time). Whoever holds runs must ``release_after_commit()`` their keys once
-    they are written: a key freed before the commit then releases its run."""
-    if all(key is None for key in keys):
-        return set()
+def _holds_at_start(
+    template: JobRun, keys: list[str | None]
+) -> tuple[list[str], Callable[[], None]]:
+    """The hold of each new run of ``template`` (by its key): held for its key when the
+    key's slots are all taken now, else for its tenant when the tenant's cap is
+    reached in its pool, else ready; and what releases the groups of the held ones
+    after the commit that writes them (a group freed before that commit then
+    releases its runs)."""
+    ready = [str(Hold.READY)] * len(keys)
+    tenant = held.TENANT.group({"pool": template.pool, "tenant_id": template.tenant_id})
+    if all(key is None for key in keys) and tenant is None:
+        return ready, _nothing
     when = template.run_at
     if isinstance(when, datetime) and when > timezone.now():
-        return set()  # not due yet: held, if still taken, when it is
-    return held_keys.taken(keys, template.concurrency_limit)
+        return ready, _nothing  # not due yet: held, if its group is still full, when it is
+    groups = [(key,) for key in keys if key]
+    taken = {group[0] for group in held.full(held.KEY, groups, template.concurrency_limit)}
+    capped = tenant is not None and bool(held.full(held.TENANT, [tenant]))
+    found = [Hold.KEY if key in taken else Hold.TENANT if capped else Hold.READY for key in keys]
+    if not taken and not capped:
+        return ready, _nothing
+    tenants = [(template.pool, template.tenant_id)] if capped else []
+    return [str(hold) for hold in found], functools.partial(
+        held.release_after_commit, sorted(taken), tenants
+    )
+
+
+def _nothing() -> None:
+    pass
 
 
 def start_child(
@@ -254,9 +272,9 @@ def start_child(
     run = _build(get_handler(job_type), input, parent=parent, **options)
     run.close_policy = close_policy
     run.trace_context = trace_context
-    taken = _hold_taken([run])
+    release = _hold_at_start([run])
     run.save(using=conf.get().DATABASE, force_insert=True)
-    held_keys.release_after_commit(taken)
+    release()
     return run
 
 

@@ -26,6 +26,10 @@ DEFAULTS: dict[str, Any] = {
     # pool -> rate ("100/m"): at most so many runs of the pool start per period,
     # across every worker (checked by check E014).
     "RATE_LIMITS": {},
+    # How many runs of one tenant may run at once in a pool, across the fleet:
+    # None (no cap), a number (every pool), or a dict of numbers by pool with
+    # "*" for the pools it does not name.
+    "TENANT_CONCURRENCY": None,
 }
 
 DURATION_KEYS = frozenset(
@@ -58,6 +62,7 @@ class JobsSettings:
     PREPARED_STATEMENTS: bool
     SCHEDULES: dict[str, Any]
     RATE_LIMITS: dict[str, Any]
+    TENANT_CONCURRENCY: int | dict[str, int] | None
 
 
 def user_settings() -> dict[str, Any]:
@@ -112,9 +117,54 @@ def problems() -> list[str]:
             found.append(f"{key} must be True or False, got {values[key]!r}")
     if not isinstance(values["SCHEDULES"], dict):
         found.append(f"SCHEDULES must be a dict of schedules by name, got {values['SCHEDULES']!r}")
+    found += _cap_problems(values["TENANT_CONCURRENCY"])
     return found
 
 
+# The most runs of one tenant a cap may allow at once (a slot each).
+MAX_TENANT_CAP = 10_000
+
+
+def _cap_problems(value: Any) -> list[str]:
+    """What is wrong with ``TENANT_CONCURRENCY``: None, a cap, or caps by pool."""
+    if value is None:
+        return []
+    entries = value if isinstance(value, dict) else {"*": value}
+    found = []
+    for pool, cap in entries.items():
+        where = "" if not isinstance(value, dict) else f"[{pool!r}]"
+        if not isinstance(pool, str) or not pool:
+            found.append(f"TENANT_CONCURRENCY's keys must be pool names or '*', got {pool!r}")
+        elif isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= MAX_TENANT_CAP:
+            found.append(
+                f"TENANT_CONCURRENCY{where} must be a whole number of runs from 1 to "
+                f"{MAX_TENANT_CAP}, got {cap!r}"
+            )
+    return found
+
+
+def tenant_cap(pool: str) -> int | None:
+    """How many runs of one tenant may run at once in ``pool`` (None: no cap)."""
+    named, others = tenant_caps()
+    return named.get(pool, others)
+
+
+def tenant_caps() -> tuple[dict[str, int], int | None]:
+    """The caps of ``TENANT_CONCURRENCY``: by the pools it names, and for the others.
+    An invalid setting caps nothing (the settings check reports it)."""
+    global _caps
+    if _caps is None:
+        value = get().TENANT_CONCURRENCY
+        if value is None or _cap_problems(value):
+            _caps = ({}, None)
+        elif isinstance(value, dict):
+            _caps = ({pool: cap for pool, cap in value.items() if pool != "*"}, value.get("*"))
+        else:
+            _caps = ({}, value)
+    return _caps
+
+
+_caps: tuple[dict[str, int], int | None] | None = None
 _cache: JobsSettings | None = None
 
 
@@ -131,6 +181,6 @@ def get() -> JobsSettings:
 
 @receiver(setting_changed)
 def _reset(*, setting: str, **kwargs: Any) -> None:
-    global _cache
+    global _cache, _caps
     if setting == "DJANGO_JOBS":
-        _cache = None
+        _cache = _caps = None

@@ -107,6 +107,7 @@ class QueueCollector(Collector):
             workers.add_metric([pool.name], pool.workers)
             paused.add_metric([pool.name], 1 if pool.paused else 0)
             held.add_metric([pool.name, "key"], pool.held_for_key)
+            held.add_metric([pool.name, "tenant"], pool.held_for_tenant)
         yield from (depth, lag, workers, paused, held)
 
 

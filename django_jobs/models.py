@@ -82,11 +82,12 @@ class Hold(models.TextChoices):
     """Why a pending run is out of the claim's way (``JobRun.hold``): ready, or held.
 
     A held run is not in the claim's index: a claim reads ready runs only. It is
-    made ready again by what frees it (``storage.keys``).
+    made ready again by what frees it (``storage.holds``).
     """
 
     READY = "", _("Ready")
     KEY = "key", _("Its concurrency key is taken")
+    TENANT = "tenant", _("Its tenant runs as many runs as its cap allows")
 
 
 class WorkerStatus(models.TextChoices):
@@ -194,6 +195,9 @@ class JobRun(models.Model):
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     tags = models.JSONField(default=list, blank=True)
     tenant_id = models.CharField(max_length=100, null=True, blank=True)  # noqa: DJ001
+    # The slot of its tenant's cap in its pool a running run holds (0 to cap - 1),
+    # when DJANGO_JOBS["TENANT_CONCURRENCY"] caps the pool; NULL otherwise.
+    tenant_slot = models.PositiveSmallIntegerField(null=True, blank=True)
     trigger_source = models.CharField(max_length=32, default="api")
     trigger_ref = models.CharField(max_length=255, blank=True, default="")
 
@@ -264,7 +268,7 @@ class JobRun(models.Model):
         indexes = [
             # Serves the claim query (claims.claim_batch) and nothing else: only
             # ready pending rows are in it, so its size grows neither with
-            # history nor with runs held back (storage.keys).
+            # history nor with runs held back (storage.holds).
             models.Index(
                 "pool",
                 models.F("priority").desc(),
@@ -281,6 +285,17 @@ class JobRun(models.Model):
                 "run_at",
                 name="django_jobs_run_keyed",
                 condition=models.Q(status="pending", concurrency_key__isnull=False),
+            ),
+            # Pending runs of a tenant, by pool: holding those of a tenant at its
+            # cap (TENANT_CONCURRENCY), and releasing the first held ones.
+            models.Index(
+                "tenant_id",
+                "pool",
+                "hold",
+                models.F("priority").desc(),
+                "run_at",
+                name="django_jobs_run_tenanted",
+                condition=models.Q(status="pending", tenant_id__isnull=False),
             ),
             # Serves the rescue sweep: running rows by the worker holding them.
             models.Index(
@@ -351,6 +366,15 @@ class JobRun(models.Model):
                 Coalesce(models.F("concurrency_slot"), models.Value(0)),
                 name="django_jobs_run_concurrency_slot",
                 condition=models.Q(status="running", concurrency_key__isnull=False),
+            ),
+            # At most one running run per slot of a tenant's cap in a pool: a cap
+            # is enforced by the database as a concurrency limit is.
+            models.UniqueConstraint(
+                fields=["tenant_id", "pool", "tenant_slot"],
+                name="django_jobs_run_tenant_slot",
+                condition=models.Q(
+                    status="running", tenant_id__isnull=False, tenant_slot__isnull=False
+                ),
             ),
             models.CheckConstraint(
                 condition=models.Q(status__in=Status.values),

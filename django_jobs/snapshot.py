@@ -70,6 +70,8 @@ class PoolStatus:
     rate_limited: int = 0
     # Pending runs held until their concurrency key is free (JobRun.hold).
     held_for_key: int = 0
+    # Pending runs held until their tenant is under its cap in the pool.
+    held_for_tenant: int = 0
     # The pool's own rate limit (DJANGO_JOBS["RATE_LIMITS"]), as written: "100/m".
     rate_limit: str | None = None
 
@@ -145,6 +147,7 @@ class Snapshot:
                     "workers": pool.workers,
                     "rate_limited": pool.rate_limited,
                     "held_for_key": pool.held_for_key,
+                    "held_for_tenant": pool.held_for_tenant,
                     "rate_limit": pool.rate_limit,
                 }
                 for pool in self.pools
@@ -228,6 +231,10 @@ def snapshot(
     held = runs.filter(status=Status.PENDING, concurrency_key__isnull=False, hold=Hold.KEY)
     for row in held.values("pool").annotate(n=Count("id")):
         pool(row["pool"]).held_for_key = row["n"]
+    # Through django_jobs_run_tenanted: runs held for a cap all have a tenant.
+    held = runs.filter(status=Status.PENDING, tenant_id__isnull=False, hold=Hold.TENANT)
+    for row in held.values("pool").annotate(n=Count("id")):
+        pool(row["pool"]).held_for_tenant = row["n"]
     due = runs.filter(status=Status.PENDING, run_at__lte=Now()).values("pool")
     for oldest in due.annotate(lag=_since(Min("run_at"))):
         pool(oldest["pool"]).oldest_pending = max(oldest["lag"], timedelta(0))

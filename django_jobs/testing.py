@@ -7,7 +7,7 @@ import socket
 
 from . import transitions
 from .execution import execute
-from .storage import keys, workers
+from .storage import holds, workers
 from .storage.claiming import claim_batch
 
 
@@ -30,7 +30,7 @@ def drain(pool: str | None = None, *, batch_size: int = 100) -> int:
             batch = claim_batch(worker.pk, pools, batch_size)
             # Runs held for a concurrency key are released after the commit that
             # freed it, which a test's transaction may never reach: here, at once.
-            if not batch and not keys.release_stranded():
+            if not batch and not holds.release_stranded():
                 break
             for claim in batch:
                 execute(claim)

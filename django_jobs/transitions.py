@@ -60,7 +60,7 @@ from .models import (
 )
 from .registry import run_finished
 from .signals import run_canceled, run_failed
-from .storage import keys, leases, runs, workers
+from .storage import holds, leases, runs, workers
 from .storage.claiming import Claim
 from .storage.notify import notify_pools
 
@@ -369,10 +369,14 @@ def cancel_now(run_ids: Iterable[int], reason: str) -> list[int]:
         "job_type",
         "attempts",
         "concurrency_key",
+        "pool",
+        "tenant_id",
         **canceled_fields(reason),
     )
-    # A ready run of a key canceled: a run held for that key may be next.
-    keys.release_after_commit(row["concurrency_key"] for row in rows)
+    # A ready run of a key (or a tenant) canceled: a run held for it may be next.
+    holds.release_after_commit(
+        (row["concurrency_key"] for row in rows), ((row["pool"], row["tenant_id"]) for row in rows)
+    )
     announce_at_commit(
         [
             Announcement(run_canceled, row["id"], row["job_type"], row["attempts"], finished=True)

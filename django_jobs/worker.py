@@ -32,7 +32,7 @@ from .execution import Outcome, canceled, execute, log_outcome, record, record_h
 from .models import WorkerStatus
 from .registry import all_handlers
 from .scheduler import Scheduler
-from .storage import keys, leases, vendors, workers
+from .storage import holds, leases, vendors, workers
 from .storage import ratelimits as limited_runs
 from .storage.claiming import Claim, JobTypes, claim_batch
 from .storage.connections import discard_broken_connections
@@ -652,12 +652,12 @@ class JobWorker:
                 next_sweep = time.monotonic() + self.heartbeat_interval
                 self._quietly(self._rescue)
                 self._quietly(self._poll_cancel_requests)
-                if self._quietly(keys.release_stranded):
+                if self._quietly(holds.release_stranded):
                     self._news()
             self._quietly(self._enforce_deadlines)
             if self._quietly(transitions.wake_sleepers):
                 self._news()
-            self._quietly(keys.hold_taken)
+            self._quietly(holds.hold_taken)
             if self.hard_stop.wait(self.tick):
                 break
         self._leave()

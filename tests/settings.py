@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -74,6 +75,9 @@ DJANGO_JOBS = {
     # Off for workers behind PgBouncer 1.18 (test_pgbouncer), which cannot keep them.
     "PREPARED_STATEMENTS": os.environ.get("DJANGO_JOBS_PREPARED_STATEMENTS", "1") == "1",
 }
+if os.environ.get("DJANGO_JOBS_TENANT_CONCURRENCY"):
+    # Worker subprocesses of the tenant caps' process test (JSON: a cap, or caps by pool).
+    DJANGO_JOBS["TENANT_CONCURRENCY"] = json.loads(os.environ["DJANGO_JOBS_TENANT_CONCURRENCY"])
 
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -19,6 +19,7 @@ PostgreSQL; io counts the worker's sessions in pg_stat_activity).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -261,20 +262,26 @@ def measure_ratelimit(args: argparse.Namespace) -> dict[str, Any]:
     return record
 
 
-# The held case's backlogs: what each adds beside the drain (None: nothing, the reference).
-HELD_BACKLOGS = ("none", "key", "later", "paused")
+# The held case's backlogs: what each adds beside the drain (None: nothing, the
+# reference; "stale": nothing, but the statistics taken while one run was pending).
+HELD_BACKLOGS = ("none", "key", "tenant", "later", "paused", "stale")
 
 
 def measure_held(args: argparse.Namespace) -> dict[str, Any]:
     """N no-op runs drained by one worker beside each backlog of ``--held-runs`` runs
     the claim cannot take, each in a fresh database: runs waiting for a concurrency
     key that a running ``bench.hold`` run holds (started while it does), runs due
-    tomorrow, or runs of a paused pool the worker also serves; and beside no
-    backlog, the reference. The ``bench.hold`` run takes one
-    of the worker's threads in every backlog alike. Statistics are fresh (ANALYZE
-    after the enqueue), as in drain1."""
+    tomorrow, runs of a paused pool the worker also serves, or runs of a tenant
+    at its cap (``TENANT_CONCURRENCY`` 1, which a running ``bench.hold`` run of
+    the tenant fills: the worker claims under caps); and beside no backlog, the
+    reference. The ``bench.hold`` run takes one of the worker's threads in every
+    backlog alike. Statistics are fresh (ANALYZE after the enqueue), as in drain1,
+    but for "stale": no backlog, and the statistics taken while one run was
+    pending, automatic ones turned off (a burst after an idle spell)."""
+    from django.conf import settings
     from django.core.management import call_command
     from django.db import connections
+    from django.test import override_settings
 
     from django_jobs import cancel, start, start_many
     from django_jobs.models import JobRun
@@ -289,10 +296,17 @@ def measure_held(args: argparse.Namespace) -> dict[str, Any]:
         connections.close_all()  # recreating the database ends this process's sessions
         common.recreate_db(DB)
         call_command("migrate", verbosity=0)
-        holder = start("bench.hold", {}, concurrency_key="busy")
+        capped = name == "tenant"
+        holder = start("bench.hold", {}, concurrency_key="busy", tenant_id="big")
+        if name == "stale":
+            _stale_statistics()
         # Every worker serves the paused pool too: one that does not never reads it.
         cmd = worker_cmd(args) + ["--pool", "parked"]
-        with common.Workers(f"django_jobs_held_{name}", [cmd], PROJECT, {}) as workers:
+        env = {"BENCH_TENANT_CONCURRENCY": "1"} if capped else {}
+        caps = override_settings(DJANGO_JOBS={**settings.DJANGO_JOBS, "TENANT_CONCURRENCY": 1})
+        with common.Workers(f"django_jobs_held_{name}", [cmd], PROJECT, env) as workers, (
+            caps if capped else contextlib.nullcontext()
+        ):
             deadline = time.monotonic() + 60
             while JobRun.objects.get(pk=holder.pk).status != "running":
                 if time.monotonic() > deadline:
@@ -307,17 +321,20 @@ def measure_held(args: argparse.Namespace) -> dict[str, Any]:
             elif name == "paused":
                 pause_pool("parked")
                 start_many("bench.noop", [{}] * backlog, pool="parked")
+            elif name == "tenant":
+                start_many("bench.noop", [{}] * backlog, tenant_id="big")
             record[f"{name}_enqueue_s"] = round(time.perf_counter() - t, 3)
             base = last_id()
             enqueue("bench.noop", args.n)
-            common.analyze(DB, "django_jobs_jobrun")
+            if name != "stale":
+                common.analyze(DB, "django_jobs_jobrun")
             done_sql = f"SELECT count(*) FROM django_jobs_jobrun WHERE id > {base} AND status = 'completed'"
             common.wait_drained(DB, done_sql, args.n, workers)
             rate = db_rate(base, args.n)["drain_db_per_s"]
             record[f"{name}_per_s"] = rate
-            if name == "key":
-                held = JobRun.objects.filter(concurrency_key="busy", hold="key").count()
-                record["key_held_at_end"] = held
+            if name in ("key", "tenant"):
+                held = JobRun.objects.filter(hold=name).count()
+                record[f"{name}_held_at_end"] = held
             # The backlog goes first, so that the holder's end releases nothing.
             JobRun.objects.filter(pk__gt=holder.pk, pk__lte=base).delete()
             cancel(holder.pk)
@@ -325,6 +342,20 @@ def measure_held(args: argparse.Namespace) -> dict[str, Any]:
         ratio = record[f"{name}_per_s"] / record["none_per_s"]
         record[f"{name}_x"] = round(ratio, 3)
     return record
+
+
+def _stale_statistics() -> None:
+    """Statistics of the runs table taken while one run is pending (the bench.hold run
+    runs, one bench.noop waits), and no automatic ones until the database is dropped."""
+    from django_jobs import start
+
+    extra = start("bench.noop", {}, pool="nobody")
+    common.analyze(DB, "django_jobs_jobrun")
+    if common.servers.POSTGRESQL:
+        common.scalar(DB, "ALTER TABLE django_jobs_jobrun SET (autovacuum_enabled = false)")
+    else:
+        common.scalar(DB, "ALTER TABLE django_jobs_jobrun STATS_AUTO_RECALC = 0")
+    extra.delete()
 
 
 def wait_all(workers: common.Workers, total: int) -> None:

@@ -19,12 +19,12 @@ from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from .. import conf
-from ..models import FINISHED_STATUSES, Hold, JobRun, Status, Worker
+from ..models import FINISHED_STATUSES, JobRun, Status, Worker
 from ..payloads import cut
 from ..registry import all_handlers
 from ..snapshot import POOLS_TEXT, PROGRESS_TEXT, pool_names, read_stored, text_of
 from ..storage import vendors
-from . import display
+from . import display, waits
 from .display import EMPTY
 from .downloads import DownloadsMixin
 from .labels import FieldLabels
@@ -36,8 +36,6 @@ from .timeline import StepTimelineMixin
 
 # Children listed on a run's page; the rest are a filtered run list away.
 CHILDREN_SHOWN = 50
-# The runs named as holding a concurrency key's slots, of the first by id.
-HOLDERS_SHOWN = 5
 # Pools the pool filter lists at most (a worker row may name thousands).
 POOLS_OFFERED = 200
 # Characters of a running run's progress the run list shows under its status.
@@ -407,29 +405,8 @@ class JobRunAdmin(  # type: ignore[misc]
 
     @admin.display(description=_("waits for"))
     def waits_for(self, run: JobRun) -> SafeString | str:
-        """What keeps a pending run of a concurrency key from running: the runs that
-        hold the key's slots now."""
-        if run.status != Status.PENDING or run.concurrency_key is None:
-            return EMPTY
-        limit = max(1, run.concurrency_limit)
-        running = JobRun.objects.using(conf.get().DATABASE).filter(
-            concurrency_key=run.concurrency_key, status=Status.RUNNING
-        )
-        holders = list(running.only("id", "job_type", "status").order_by("id")[:HOLDERS_SHOWN])
-        if limit == 1 and holders:
-            return format_html(
-                gettext("its concurrency key, which {run} holds"), run=display.run_label(holders[0])
-            )
-        if limit > 1 and running.order_by()[:limit].count() >= limit:
-            shown = format_html_join(", ", "{}", ((display.run_label(h),) for h in holders))
-            return format_html(
-                gettext("its concurrency key, whose {limit} slots {runs} hold"),
-                limit=limit,
-                runs=shown if limit <= HOLDERS_SHOWN else format_html("{}, …", shown),
-            )
-        if run.hold == Hold.KEY:
-            return gettext("its concurrency key, free now: it is released next")
-        return EMPTY
+        """What keeps a pending run from running (``admin.waits``)."""
+        return waits.waits_for(run) or EMPTY
 
     @admin.display(description=_("trigger"))
     def trigger(self, run: JobRun) -> str:

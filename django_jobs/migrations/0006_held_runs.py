@@ -2,7 +2,7 @@
 
 A pending run whose concurrency key is taken is held (``hold = 'key'``) and
 leaves the claim's index (0007), so that a backlog of such runs costs a claim
-nothing (``storage.keys``). The column has a database default, so adding it
+nothing (``storage.holds``). The column has a database default, so adding it
 rewrites no row (PostgreSQL 11+, MariaDB 10.3+ add it in place), and the
 workers of the previous release, which do not name it, insert ready runs.
 """

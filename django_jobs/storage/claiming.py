@@ -36,7 +36,7 @@ from django.db.models.functions import Now
 
 from ..models import Hold, JobPool, Status
 from ..ratelimits import Limits
-from . import keys, ratelimits, runs, using, vendors
+from . import holds, ratelimits, runs, using, vendors
 from .leases import WorkerIds
 from .reading import (
     CLAIM_FIELDS,
@@ -314,12 +314,12 @@ def candidates(
     # blocked run is passed over instead of being claimed and put back (no
     # spinning). Checked only for rows that have a key, so the planner does not
     # turn it into an anti-join that scans every running row on each claim.
-    due = due.filter(keys.has_room())
+    due = due.filter(holds.has_room(pools))
     # SKIP LOCKED: rows another worker is claiming right now are passed over
     # instead of waited for, so claimers never queue behind each other and
     # never both get one row. The filter and order match the partial index
     # django_jobs_run_ready (ready pending runs), so the cost grows neither with
-    # finished history nor with runs held for their key (storage.keys).
+    # finished history nor with runs held for their key (storage.holds).
     due = due.order_by("-priority", "run_at")
     return due.select_for_update(skip_locked=True) if locked else due
 
@@ -340,7 +340,11 @@ def _claim_in_one_statement(
 ) -> list[Claim] | None:
     """The claim in one statement, where the database has one. Under ``limits``, the
     statement claims the runs under none, and hands over the ids of those under
-    one (``left.deferred``, in no order) for an admission of their own."""
+    one (``left.deferred``, in no order) for an admission of their own. A claim for
+    pools whose tenants are capped is none: the slots of a cap are given under
+    each tenant's lock, in the claim's second statement."""
+    if holds.tenants_capped(pools):
+        return None
     connection = connections[using()]
 
     def picked() -> list[Any]:
@@ -432,7 +436,7 @@ def claim_two_statements(
                     if not rows:
                         taken += ids
                         continue
-                    rows = keys.within_limits(rows)
+                    rows = holds.within_limits(rows)
                     if not rows:
                         return []
                     if admit is not None:
@@ -482,7 +486,7 @@ def mark_running(rows: list[dict[str, Any]], worker_id: uuid.UUID, token: uuid.U
         lease_token=token,
         started_at=Now(),
         worker_ids=WorkerIds(worker_id),
-        **keys.slots_of(rows),
+        **holds.slots_of(rows),
     )
 
 

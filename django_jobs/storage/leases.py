@@ -23,7 +23,8 @@ from django.db.models import F, Func, JSONField, Q
 from django.db.models.functions import Now
 
 from ..models import JobRun, Status
-from . import after, keys, runs, using, vendors
+from . import after, runs, using, vendors
+from . import holds as held
 
 if TYPE_CHECKING:
     from .claiming import Claim
@@ -70,9 +71,9 @@ def complete(claim: Claim, output: Any) -> bool:
 
 
 def _freed(claim: Claim, written: int) -> bool:
-    """Whether the run was ``written`` out of running; if so, its key is free."""
-    if written and claim.concurrency_key is not None:
-        keys.release_after_commit([claim.concurrency_key])
+    """Whether the run was ``written`` out of running; if so, its slots are free."""
+    if written:
+        held.release_after_commit([claim.concurrency_key], [(claim.pool, claim.tenant_id)])
     return bool(written)
 
 
@@ -92,10 +93,10 @@ def complete_many(items: list[tuple[Claim, Any]]) -> set[tuple[int, uuid.UUID]]:
         [(claim.run_id, claim.lease_token, output) for claim, output in items],
     )
     if written is not None:
-        keys.release_after_commit(
-            claim.concurrency_key
-            for claim, _ in items
-            if (claim.run_id, claim.lease_token) in written
+        done = [claim for claim, _ in items if (claim.run_id, claim.lease_token) in written]
+        held.release_after_commit(
+            (claim.concurrency_key for claim in done),
+            ((claim.pool, claim.tenant_id) for claim in done),
         )
         return written
     if len(items) == 1:

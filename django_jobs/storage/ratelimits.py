@@ -50,7 +50,7 @@ from django.db.models.functions import Now
 
 from ..models import JobRateLimit, RateLimitScope, Status
 from ..ratelimits import MAX_PERIOD, Limits, Rate, Window
-from . import keys, runs, using, vendors
+from . import holds, runs, using, vendors
 from .leases import WorkerIds
 from .reading import EARLIEST, LATEST, decoded
 
@@ -199,7 +199,7 @@ def admit(
             lease_token=token,
             started_at=instant,
             worker_ids=WorkerIds(worker_id),
-            **keys.slots_of(chosen),
+            **holds.slots_of(chosen),
         )
     return chosen
 

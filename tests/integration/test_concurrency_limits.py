@@ -13,7 +13,7 @@ from django.db import IntegrityError, connection, connections, transaction
 from django_jobs import job, start, start_many
 from django_jobs.models import Hold, JobRun, Status
 from django_jobs.registry import unregister
-from django_jobs.storage import claiming, keys, leases, vendors
+from django_jobs.storage import claiming, holds, leases, vendors
 from tests.factories import JobRunFactory, RunningJobRunFactory, WorkerFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -157,7 +157,7 @@ def test_the_workers_pass_holds_runs_of_full_keys_and_the_sweep_releases_by_room
     RunningJobRunFactory(concurrency_key="roomy", concurrency_limit=3, concurrency_slot=0)
     full = [JobRunFactory(concurrency_key="full", concurrency_limit=2) for _ in range(3)]
     roomy = [JobRunFactory(concurrency_key="roomy", concurrency_limit=3) for _ in range(3)]
-    assert keys.hold_taken() == 3
+    assert holds.hold_taken() == 3
     assert {
         hold for (hold,) in JobRun.objects.filter(pk__in=[r.pk for r in full]).values_list("hold")
     } == {Hold.KEY}
@@ -165,11 +165,11 @@ def test_the_workers_pass_holds_runs_of_full_keys_and_the_sweep_releases_by_room
     # Held by hand, as a crash between a start and its release would leave them:
     # the sweep makes ready as many as there is room for (3 - 1 running).
     JobRun.objects.filter(pk__in=[r.pk for r in roomy]).update(hold=Hold.KEY)
-    assert keys.release_stranded() == 2
+    assert holds.release_stranded() == 2
     # A full key's runs stay held until a slot frees.
     JobRun.objects.filter(concurrency_key="full", status=Status.RUNNING).first().delete()  # type: ignore[union-attr]
-    assert keys.release_stranded() == 1
-    assert keys.release_stranded() == 0
+    assert holds.release_stranded() == 1
+    assert holds.release_stranded() == 0
 
 
 @pytest.fixture

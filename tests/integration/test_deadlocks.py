@@ -27,7 +27,7 @@ from django.test.utils import CaptureQueriesContext
 
 from django_jobs import cancel, transitions
 from django_jobs.models import JobRun, Status, Worker, WorkerStatus
-from django_jobs.storage import claiming, keys, workers
+from django_jobs.storage import claiming, holds, workers
 from django_jobs.storage.claiming import Claim
 from tests.factories import JobRunFactory, RunningJobRunFactory, WorkerFactory
 from tests.helpers import in_thread, wait_until
@@ -95,14 +95,14 @@ def test_a_parent_ending_while_a_worker_claims_its_child_does_not_deadlock(
     _analyze(JobRun)
 
     locked, go_on = threading.Event(), threading.Event()
-    real_within_limits = keys.within_limits
+    real_within_limits = holds.within_limits
 
     def between_lock_and_update(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         locked.set()
         go_on.wait(10)
         return real_within_limits(rows)
 
-    monkeypatch.setattr(keys, "within_limits", between_lock_and_update)
+    monkeypatch.setattr(holds, "within_limits", between_lock_and_update)
     picked = claiming.candidates(["default"], locked=False)
     claimer, claimed = in_thread(lambda: claiming.claim_two_statements(worker.pk, picked, 1))
     assert locked.wait(10)

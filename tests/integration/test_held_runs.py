@@ -1,5 +1,5 @@
 """Runs held while their concurrency key is taken: out of the claim's way, released
-by what frees the key, never held for good while it is free (``storage.keys``)."""
+by what frees the key, never held for good while it is free (``storage.holds``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from django_jobs import cancel, start, start_many
 from django_jobs.models import Hold, JobRun, Status
-from django_jobs.storage import claiming, keys, leases
+from django_jobs.storage import claiming, holds, leases
 from tests.factories import JobRunFactory, RunningJobRunFactory, WorkerFactory
 from tests.integration.test_claim_statistics import (
     BUDGET,
@@ -54,10 +54,10 @@ def test_held_runs_are_released_one_at_a_time_in_claim_order() -> None:
     high = start("tests.keyed", {"key": "k"}, priority=5)
     assert {hold_of(run) for run in [*low, high]} == {Hold.KEY}
     JobRun.objects.filter(pk=running.pk).update(status=Status.COMPLETED, lease_token=None)
-    assert keys.release(["k"]) == 1
+    assert holds.release(holds.KEY, [("k",)]) == 1
     assert hold_of(high) == Hold.READY
     # Released already, not yet claimed: the next release leaves the others held.
-    assert keys.release(["k"]) == 0
+    assert holds.release(holds.KEY, [("k",)]) == 0
     order = []
     for _ in range(3):
         (taken,) = claim()
@@ -72,9 +72,9 @@ def test_a_burst_started_while_the_key_was_free_is_held_once_the_key_is_taken() 
     runs = start_many("tests.keyed", [{"key": "k"} for _ in range(5)] + [{"key": "free"}])
     taken = claim(1)
     assert [c.run_id for c in taken] == [runs[0].pk]
-    assert keys.hold_taken() == 4
+    assert holds.hold_taken() == 4
     assert [hold_of(run) for run in runs[1:]] == [Hold.KEY] * 4 + [Hold.READY]
-    assert keys.hold_taken() == 0
+    assert holds.hold_taken() == 0
     assert leases.complete(taken[0], None)
     assert [hold_of(run) for run in runs[1:5]] == [Hold.READY] + [Hold.KEY] * 3
 
@@ -84,9 +84,9 @@ def test_a_release_lost_to_a_crash_is_made_by_the_sweep() -> None:
     # As if the run holding each key had ended, and its worker died before releasing.
     JobRun.objects.filter(pk__in=[run.pk for run in runs]).update(hold=Hold.KEY)
     RunningJobRunFactory(concurrency_key="j")
-    assert keys.release_stranded() == 1
+    assert holds.release_stranded() == 1
     assert [hold_of(run) for run in runs] == [Hold.READY, Hold.KEY, Hold.KEY]
-    assert keys.release_stranded() == 0
+    assert holds.release_stranded() == 0
 
 
 def test_a_held_run_can_be_canceled_and_canceling_the_ready_one_releases_the_next() -> None:
@@ -95,7 +95,7 @@ def test_a_held_run_can_be_canceled_and_canceling_the_ready_one_releases_the_nex
     assert cancel(held[0].pk) == 1
     assert JobRun.objects.get(pk=held[0].pk).status == Status.CANCELED
     JobRun.objects.filter(status=Status.RUNNING).update(status=Status.COMPLETED, lease_token=None)
-    assert keys.release(["k"]) == 1
+    assert holds.release(holds.KEY, [("k",)]) == 1
     assert hold_of(held[1]) == Hold.READY
     # The ready run is canceled before any claim took it: the next one is released.
     assert cancel(held[1].pk) == 1
@@ -180,7 +180,7 @@ def test_a_claim_reads_none_of_20000_runs_held_behind_a_taken_key(when: str) -> 
     else:
         held = start_many("tests.keyed", [{"key": "busy"} for _ in range(20_001)])
         claim(1)
-        while keys.hold_taken():
+        while holds.hold_taken():
             pass
         held = held[1:]
     assert JobRun.objects.filter(hold=Hold.KEY).count() == len(held) == 20_000
@@ -269,9 +269,9 @@ def test_the_workers_hold_pass_leaves_runs_due_later_ready() -> None:
     RunningJobRunFactory(concurrency_key="k")
     later = start("tests.keyed", {"key": "k"}, delay=3600)
     JobRun.objects.filter(pk=later.pk).update(hold=Hold.READY)
-    assert keys.hold_taken() == 0
+    assert holds.hold_taken() == 0
     JobRun.objects.filter(pk=later.pk).update(run_at=timezone.now())
-    assert keys.hold_taken() == 1
+    assert holds.hold_taken() == 1
 
 
 def test_a_claim_for_several_pools_takes_them_in_one_claim_order() -> None:
@@ -333,7 +333,7 @@ def test_a_release_reads_a_key_once_not_each_run_held_for_it() -> None:
     RunningJobRunFactory(concurrency_key="k")
     start_many("tests.keyed", [{"key": "k"}] * 3)
     with CaptureQueriesContext(conn) as queries:
-        assert keys.release(["k"]) == 0
+        assert holds.release(holds.KEY, [("k",)]) == 0
     (found,) = [q["sql"] for q in queries if "DISTINCT" in q["sql"]]
     assert "ORDER BY" not in found
 

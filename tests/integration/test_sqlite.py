@@ -168,7 +168,7 @@ def test_a_rate_limit_is_enforced_at_claim_on_sqlite_too() -> None:
 
 
 def test_runs_held_for_a_concurrency_key_are_released_on_sqlite_too() -> None:
-    from django_jobs.storage import keys
+    from django_jobs.storage import holds
 
     @job("sqlite.keyed", concurrency_key=lambda input: "one")
     def keyed(ctx: JobContext) -> Any:
@@ -180,7 +180,7 @@ def test_runs_held_for_a_concurrency_key_are_released_on_sqlite_too() -> None:
         assert {run_of(run).hold for run in held} == {"key"}
         assert drain() == 0
         runs().filter(status=Status.RUNNING).update(status=Status.COMPLETED)
-        assert keys.release_stranded() == 1
+        assert holds.release_stranded() == 1
         assert drain() == 3
         assert [run_of(run).output for run in held] == [0, 1, 2]
     finally:
@@ -189,7 +189,7 @@ def test_runs_held_for_a_concurrency_key_are_released_on_sqlite_too() -> None:
 
 def test_a_concurrency_limit_is_enforced_and_its_held_runs_released_on_sqlite_too() -> None:
     from django_jobs.models import Worker
-    from django_jobs.storage import claiming, keys
+    from django_jobs.storage import claiming, holds
 
     @job("sqlite.limited", concurrency_key="two", concurrency_limit=2)
     def limited(ctx: JobContext) -> Any:
@@ -209,7 +209,7 @@ def test_a_concurrency_limit_is_enforced_and_its_held_runs_released_on_sqlite_to
         assert run_of(held).hold == "key"
         runs().filter(status=Status.RUNNING).update(status=Status.COMPLETED, lease_token=None)
         # Three ready runs of the key fill its two slots: the held one waits.
-        assert keys.release_stranded() == 0
+        assert holds.release_stranded() == 0
         assert drain() == 4
         assert [run_of(run).output for run in [*started[2:], held]] == [2, 3, 4, 5]
     finally:

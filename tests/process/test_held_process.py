@@ -9,12 +9,15 @@ is left held.
 from __future__ import annotations
 
 import itertools
+import json
 import random
 import signal
 import time
 
 import pytest
+from django.conf import settings
 from django.db.models import Count
+from django.test import override_settings
 
 from django_jobs import start_many
 from django_jobs.models import Hold, JobRun, Status
@@ -31,32 +34,47 @@ CONCURRENCY = 4
 
 
 @pytest.mark.parametrize(
-    ("job_type", "limit"), [("tests.keyed_retried", 1), ("tests.limited_retried", 3)]
+    ("job_type", "limit"),
+    [("tests.keyed_retried", 1), ("tests.limited_retried", 3), ("tests.tenanted_retried", 2)],
 )
 def test_held_runs_of_busy_keys_run_once_each_in_turn_through_a_kill_storm(
     start_worker: StartWorker, job_type: str, limit: int
 ) -> None:
+    """Runs of a key of limit 1 and 3, and of tenants capped at 2 (grouped by tenant,
+    with no key)."""
+    tenanted = job_type == "tests.tenanted_retried"
+    env = {"DJANGO_JOBS_TENANT_CONCURRENCY": json.dumps(limit)} if tenanted else {}
+    with override_settings(DJANGO_JOBS={**settings.DJANGO_JOBS, "TENANT_CONCURRENCY": limit}):
+        _storm(start_worker, env, job_type, limit, tenanted)
+
+
+def _storm(
+    start_worker: StartWorker, env: dict[str, str], job_type: str, limit: int, tenanted: bool
+) -> None:
     args = ("--pool", "default", "--concurrency", str(CONCURRENCY))
-    fleet = [start_worker(*args) for _ in range(WORKERS)]
+    fleet = [start_worker(*args, **env) for _ in range(WORKERS)]
     rng = random.Random(29)
     held_seen = kills = running_seen = 0
     for wave in range(WAVES):
-        start_many(job_type, [{"key": f"k{n % KEYS}", "seconds": 0.05} for n in range(PER_WAVE)])
-        held_seen = max(held_seen, JobRun.objects.filter(hold=Hold.KEY).count())
+        for key in range(KEYS):
+            runs = [{"key": f"k{key}", "seconds": 0.05}] * (PER_WAVE // KEYS)
+            start_many(job_type, runs, tenant_id=f"k{key}" if tenanted else None)
+        held_seen = max(held_seen, JobRun.objects.exclude(hold=Hold.READY).count())
         pause = time.monotonic() + rng.uniform(0.5, 1.0)
         while time.monotonic() < pause:
-            running_seen = max(running_seen, _most_running())
+            running_seen = max(running_seen, _most_running(tenanted))
+            held_seen = max(held_seen, JobRun.objects.exclude(hold=Hold.READY).count())
             time.sleep(0.02)
         if wave % 2:
             victim = fleet.pop(rng.randrange(len(fleet)))
             victim.signal(signal.SIGKILL)
             victim.wait(timeout=10)
             kills += 1
-            fleet.append(start_worker(*args))
+            fleet.append(start_worker(*args, **env))
     total = WAVES * PER_WAVE
     deadline = time.monotonic() + 180
     while JobRun.objects.filter(status=Status.COMPLETED).count() < total:
-        running_seen = max(running_seen, _most_running())
+        running_seen = max(running_seen, _most_running(tenanted))
         assert time.monotonic() < deadline, list(
             JobRun.objects.exclude(status=Status.COMPLETED).values_list("id", "status", "hold")
         )
@@ -87,12 +105,13 @@ def test_held_runs_of_busy_keys_run_once_each_in_turn_through_a_kill_storm(
     )
 
 
-def _most_running() -> int:
-    """The most runs of one concurrency key running now."""
+def _most_running(tenanted: bool) -> int:
+    """The most runs of one concurrency key (or tenant) running now."""
+    group = "tenant_id" if tenanted else "concurrency_key"
     counts = (
-        JobRun.objects.filter(status=Status.RUNNING, concurrency_key__isnull=False)
+        JobRun.objects.filter(status=Status.RUNNING, **{f"{group}__isnull": False})
         .order_by()
-        .values("concurrency_key")
+        .values(group)
         .annotate(n=Count("id"))
         .values_list("n", flat=True)
     )

@@ -277,6 +277,12 @@ def limited_retried(ctx: JobContext) -> str:
     return keyed_retried(ctx)  # type: ignore[no-any-return]
 
 
+@job("tests.tenanted_retried", retry=RetryPolicy(attempts=20, base_delay=0))
+def tenanted_retried(ctx: JobContext) -> str:
+    """``tests.keyed_retried`` without a key: its runs are limited by their tenant's cap."""
+    return keyed_retried(ctx)  # type: ignore[no-any-return]
+
+
 @job("tests.chaos", retry=RetryPolicy(attempts=20, base_delay=0))
 def chaos(ctx: JobContext) -> int:
     """Three steps with a side effect and a pause each: a target for kill storms."""

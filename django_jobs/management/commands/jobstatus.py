@@ -77,6 +77,11 @@ def render(shot: Snapshot) -> str:
                 f"  {pool.name} held: {pool.held_for_key} pending runs wait for their"
                 " concurrency key"
             )
+        if pool.held_for_tenant:
+            lines.append(
+                f"  {pool.name} held: {pool.held_for_tenant} pending runs wait for their"
+                " tenant's cap"
+            )
     lines += ["", f"Workers ({len(shot.workers)})"]
     for worker in shot.workers:
         flag = "  STALE" if worker.stale else ""

@@ -336,7 +336,7 @@ def _claim_statement(
     # free slots, each given one, and a key only under a transaction-scoped
     # advisory lock taken without waiting: two claims putting several keys into
     # the unique index at once could otherwise wait on each other in a cycle (see
-    # keys.within_limits for the two-statement form). A run of limit 1 takes
+    # holds.within_limits for the two-statement form). A run of limit 1 takes
     # slot 0: the candidates' filter saw its key free. A run of a larger limit
     # takes the nth free slot of its key, n its rank among the key's rows here.
     status = Status.RUNNING
