@@ -340,11 +340,10 @@ def _claim_in_one_statement(
 ) -> list[Claim] | None:
     """The claim in one statement, where the database has one. Under ``limits``, the
     statement claims the runs under none, and hands over the ids of those under
-    one (``left.deferred``, in no order) for an admission of their own. A claim for
-    pools whose tenants are capped is none: the slots of a cap are given under
-    each tenant's lock, in the claim's second statement."""
-    if holds.tenants_capped(pools):
-        return None
+    one (``left.deferred``, in no order) for an admission of their own. Under
+    tenant caps, the statement gives the runs of capped tenants their slots."""
+    caps = holds.caps_in_force(pools)
+    fields = _PICKED if caps is None else (*_PICKED, "pool", "tenant_id")
     connection = connections[using()]
 
     def picked() -> list[Any]:
@@ -353,9 +352,9 @@ def _claim_in_one_statement(
             if limits is not None:
                 under = ratelimits.under_a_limit(limits)
                 rows = rows.annotate(deferred=ExpressionWrapper(under, output_field=BooleanField()))
-                sets.append(rows.values(*_PICKED, "deferred")[:limit])
+                sets.append(rows.values(*fields, "deferred")[:limit])
             else:
-                sets.append(rows.values(*_PICKED)[:limit])
+                sets.append(rows.values(*fields)[:limit])
         return sets
 
     rows = vendors.of(connection).claim(
@@ -366,6 +365,7 @@ def _claim_in_one_statement(
                 job_types,
                 limits and limits.signature(),
                 tuple(passed_over()),
+                caps,
             ),
             limit,
         ),
@@ -376,6 +376,7 @@ def _claim_in_one_statement(
         plan,
         dates=DATE_FIELDS,
         deferring=limits is not None,
+        caps=caps,
     )
     if rows is None:
         return None

@@ -196,6 +196,15 @@ def tenant_room(pools: Iterable[str] | None = None) -> Q:
     return room
 
 
+def caps_in_force(
+    pools: Iterable[str] | None,
+) -> tuple[tuple[tuple[str, int], ...], int | None] | None:
+    """The tenant caps of a claim for ``pools``, as the claim statement takes them
+    (``vendors.base.Caps``); None when none of them is capped."""
+    caps = _caps_of(pools)
+    return None if caps is None else (tuple(sorted(caps[0].items())), caps[1])
+
+
 def _caps_of(pools: Iterable[str] | None) -> tuple[dict[str, int], int | None] | None:
     """The tenant caps in force for a claim of ``pools``: by pool, and for the others."""
     if pools is None:
@@ -356,18 +365,42 @@ def _hold(scope: Scope, ids: list[int]) -> int:
 
 def release_stranded(limit: int = 1000) -> int:
     """Release the held runs of groups with room for them (a crash between a commit
-    and its release, or a cap removed); how many were released."""
+    and its release, or a cap raised or removed); how many were released."""
     released = 0
     for scope in SCOPES:
+        # The group's last column is set on every held run: the scope's index of
+        # pending runs (django_jobs_run_keyed, django_jobs_run_tenanted) serves.
         held = runs().filter(status=Status.PENDING, hold=scope.hold)
-        held = held.filter(key_room() if scope is KEY else tenant_room())
-        groups = list(held.order_by().values_list(*scope.columns).distinct()[:limit])
+        held = held.filter(**{f"{scope.columns[-1]}__isnull": False})
+        if scope is KEY:
+            # Keys are many and their limits the runs' own: judged in the query.
+            groups = list(
+                held.filter(key_room()).order_by().values_list(*scope.columns).distinct()[:limit]
+            )
+        else:
+            groups = _roomy(list(held.order_by().values_list(*scope.columns).distinct()[:limit]))
         if groups:
             found = release(scope, groups)
             if found:
                 logger.info("released held runs of %s released=%d", scope.name, found)
             released += found
     return released
+
+
+def _roomy(tenants: list[Group]) -> list[Group]:
+    """Of the (pool, tenant) groups of ``tenants``, those under their pool's cap now
+    (or whose pool has none any longer): their running runs counted in one query,
+    rather than a count per held run."""
+    counts: dict[Group, int] = {}
+    for chunk in _chunks(tenants):
+        running = runs().filter(TENANT.of(chunk), status=Status.RUNNING).order_by()
+        for row in running.values(*TENANT.columns).annotate(count=Count("id")):
+            counts[(row["pool"], row["tenant_id"])] = row["count"]
+    return [
+        group
+        for group in tenants
+        if (cap := conf.tenant_cap(group[0])) is None or counts.get(group, 0) < cap
+    ]
 
 
 def within_limits(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

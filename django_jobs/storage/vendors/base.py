@@ -19,6 +19,9 @@ from django.utils import timezone
 
 from ...models import JobRun, JobStep
 
+# Tenant caps in force for a claim: (cap by pool, sorted), and the cap of the others.
+Caps = tuple[tuple[tuple[str, int], ...], int | None]
+
 
 class Vendor:
     """The portable forms; a vendor module overrides what its database does better."""
@@ -86,6 +89,7 @@ class Vendor:
         *,
         dates: Sequence[str] = (),
         deferring: bool = False,
+        caps: Caps | None = None,
     ) -> list[tuple[Any, ...]] | None:
         """Claim the rows ``picked()`` selects (a list of locking, limited querysets
         in claim order, one per pool claimed for: the first of their merge) in one
@@ -94,7 +98,11 @@ class Vendor:
         is NULL or an instant Python holds; those that are not come back NULL.
         ``deferring``: ``picked()`` has a boolean column ``deferred``; such rows are
         not claimed but come back too, their id alone, and every row ends with
-        whether it was deferred. None: this database has no one-statement claim.
+        whether it was deferred. ``caps``: the tenant caps in force (by pool, and
+        for the others), under which ``picked()`` has the columns ``pool`` and
+        ``tenant_id`` and each claimed run of a capped tenant takes a free slot of
+        its tenant's cap (``storage.holds``). None: this database has no
+        one-statement claim.
 
         ``key`` is ``(group, limit)``: the statements of one group (one pool set
         and kind of run) share a ``plan`` number, so a newer one retires the

@@ -15,6 +15,7 @@ import functools
 import json
 import uuid
 from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -28,7 +29,7 @@ from django.db.models.signals import post_init, pre_init
 
 from ... import conf
 from ...models import JobRun, JobStep, Status
-from .base import Vendor, step_statement
+from .base import Caps, Vendor, step_statement
 
 # psycopg prepares a statement on its own after this many executions; Django
 # disables that (None), and so would ``prepare=True``. A threshold no statement
@@ -79,9 +80,10 @@ class PostgreSQL(Vendor):
         *,
         dates: Sequence[str] = (),
         deferring: bool = False,
+        caps: Caps | None = None,
     ) -> list[tuple[Any, ...]] | None:
         statement = _claim_statement(
-            connection, key, picked, tuple(fields), tuple(dates), plan, deferring
+            connection, key, picked, tuple(fields), tuple(dates), plan, deferring, caps
         )
         # Inside a caller's transaction (drain() in a test), a savepoint: a refused
         # claim must not abort it, so that the two-statement claim can follow.
@@ -253,7 +255,9 @@ class PostgreSQL(Vendor):
 
 
 # (database alias, the caller's key of its candidates, fields, dates, plan) -> the statement
-_claim_statements: dict[tuple[str, Hashable, tuple[str, ...], tuple[str, ...], int, bool], str] = {}
+_claim_statements: dict[
+    tuple[str, Hashable, tuple[str, ...], tuple[str, ...], int, bool, Caps | None], str
+] = {}
 
 # The instants psycopg reads into a datetime, with a day to spare for time zones;
 # a timestamptz column holds years up to 294276, and infinity.
@@ -268,6 +272,7 @@ def _claim_statement(
     dates: tuple[str, ...],
     plan: int,
     deferring: bool = False,
+    caps: Caps | None = None,
 ) -> str:
     """The one-statement claim: the ORM's locking SELECT inside an UPDATE ... RETURNING.
 
@@ -286,7 +291,7 @@ def _claim_statement(
     the table as it is now.
     """
     using = connection.alias
-    cache_key = (using, key, fields, dates, plan, deferring)
+    cache_key = (using, key, fields, dates, plan, deferring, caps)
     if cache_key in _claim_statements:
         return _claim_statements[cache_key]
     for stale in [
@@ -340,11 +345,12 @@ def _claim_statement(
     # slot 0: the candidates' filter saw its key free. A run of a larger limit
     # takes the nth free slot of its key, n its rank among the key's rows here.
     status = Status.RUNNING
+    tenants = _tenant_slots(ops, table, caps)
     ranked = f"""
         ranked AS (
             SELECT id, concurrency_key, concurrency_limit, row_number() OVER (
                 PARTITION BY concurrency_key ORDER BY priority DESC, run_at, id
-            ) AS nth
+            ) AS nth{tenants.ranked}
             FROM picked {"WHERE NOT deferred" if deferring else ""}
         ),
         slotted AS MATERIALIZED (
@@ -361,7 +367,7 @@ def _claim_statement(
                     )
                     ORDER BY slot OFFSET nth - 1 LIMIT 1
                 )
-            END AS slot
+            END AS slot{tenants.slotted}
             FROM ranked
         )
     """
@@ -370,13 +376,13 @@ def _claim_statement(
         SET status = '{status}', attempts = run.attempts + 1, claimed_by_id = %s,
             lease_token = %s, started_at = STATEMENT_TIMESTAMP(),
             worker_ids = run.worker_ids || jsonb_build_array(%s::text),
-            concurrency_slot = (SELECT slot FROM slotted WHERE slotted.id = run.id)
+            concurrency_slot = (SELECT slot FROM slotted WHERE slotted.id = run.id){tenants.set}
         WHERE run.id = ANY(ARRAY(
             SELECT id FROM slotted
-            WHERE concurrency_key IS NULL OR (
+            WHERE (concurrency_key IS NULL OR (
                 slot IS NOT NULL
                 AND pg_try_advisory_xact_lock({ADVISORY_NAMESPACE}, hashtext(concurrency_key))
-            )
+            )){tenants.where}
         ))
         RETURNING {returning}, EXISTS (
             SELECT 1 FROM {step_table} AS step WHERE step.run_id = run.id
@@ -401,6 +407,57 @@ def _claim_statement(
         statement += update
     _claim_statements[cache_key] = statement
     return statement
+
+
+@dataclass(frozen=True)
+class _TenantSlots:
+    """The parts of the claim statement that give tenant slots (empty without caps)."""
+
+    ranked: str = ""
+    slotted: str = ""
+    set: str = ""
+    where: str = ""
+
+
+def _tenant_slots(ops: Any, table: str, caps: Caps | None) -> _TenantSlots:
+    """Under tenant ``caps``, a run of a capped tenant takes the nth free slot of its
+    tenant's cap in its pool, n its rank among the tenant's rows here, under the
+    tenant's advisory lock (named as ``storage.holds`` names it)."""
+    if caps is None:
+        return _TenantSlots()
+    named, others = caps
+    # The caps are the settings' numbers; the pool names are quoted as literals.
+    # The statement is run with parameters, so a "%" of a pool name is doubled.
+    whens = " ".join(
+        f"WHEN {ops.compose_sql('%s', [pool]).replace('%', '%%')} THEN {int(cap)}"
+        for pool, cap in named
+    )
+    default = "NULL" if others is None else str(int(others))
+    cap = f"CASE pool {whens} ELSE {default} END" if whens else default
+    return _TenantSlots(
+        ranked=f""", pool, tenant_id, {cap} AS tenant_cap, row_number() OVER (
+                PARTITION BY pool, tenant_id ORDER BY priority DESC, run_at, id
+            ) AS tenant_nth""",
+        slotted=f""", pool, tenant_id, tenant_id IS NOT NULL AND tenant_cap IS NOT NULL AS capped,
+            CASE WHEN tenant_id IS NULL OR tenant_cap IS NULL THEN NULL ELSE (
+                SELECT slot FROM generate_series(0, tenant_cap - 1) AS slot
+                WHERE NOT EXISTS (
+                    SELECT 1 FROM {table} AS busy
+                    WHERE busy.tenant_id = ranked.tenant_id AND busy.pool = ranked.pool
+                    AND busy.status = '{Status.RUNNING}' AND busy.tenant_slot = slot
+                )
+                ORDER BY slot OFFSET tenant_nth - 1 LIMIT 1
+            ) END AS tenant_slot""",
+        set=""",
+            tenant_slot = (SELECT tenant_slot FROM slotted WHERE slotted.id = run.id)""",
+        where=f"""
+            AND (NOT capped OR (
+                tenant_slot IS NOT NULL
+                AND pg_try_advisory_xact_lock({ADVISORY_NAMESPACE}, hashtext(
+                    'tenant' || chr(31) || pool || chr(31) || tenant_id
+                ))
+            ))""",
+    )
 
 
 def _group(key: Hashable) -> Hashable:
