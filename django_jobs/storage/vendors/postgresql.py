@@ -376,7 +376,9 @@ def _claim_statement(
         SET status = '{status}', attempts = run.attempts + 1, claimed_by_id = %s,
             lease_token = %s, started_at = STATEMENT_TIMESTAMP(),
             worker_ids = run.worker_ids || jsonb_build_array(%s::text),
-            concurrency_slot = (SELECT slot FROM slotted WHERE slotted.id = run.id){tenants.set}
+            concurrency_slot = CASE WHEN run.concurrency_key IS NOT NULL THEN (
+                SELECT slot FROM slotted WHERE slotted.id = run.id
+            ) END{tenants.set}
         WHERE run.id = ANY(ARRAY(
             SELECT id FROM slotted
             WHERE (concurrency_key IS NULL OR (
@@ -449,7 +451,9 @@ def _tenant_slots(ops: Any, table: str, caps: Caps | None) -> _TenantSlots:
                 ORDER BY slot OFFSET tenant_nth - 1 LIMIT 1
             ) END AS tenant_slot""",
         set=""",
-            tenant_slot = (SELECT tenant_slot FROM slotted WHERE slotted.id = run.id)""",
+            tenant_slot = CASE WHEN run.tenant_id IS NOT NULL THEN (
+                SELECT tenant_slot FROM slotted WHERE slotted.id = run.id
+            ) END""",
         where=f"""
             AND (NOT capped OR (
                 tenant_slot IS NOT NULL
