@@ -91,9 +91,9 @@ class Scope:
             return None
         return values
 
-    def limit(self, group: Group, run_limit: int | None = None) -> int | None:
+    def limit(self, group: Group, run_limit: int | None = None) -> int:
         """How many runs of ``group`` may run at once: ``run_limit`` (a key's run
-        says), or the cap of the tenant's pool; None for no limit, 0 for no group."""
+        says), or the cap of the tenant's pool; 0 when that pool has none."""
         if self is KEY:
             return max(1, run_limit or 1)
         cap = conf.tenant_cap(group[0])
