@@ -10,11 +10,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from django.core.checks import run_checks
 from django.db import IntegrityError, connection, connections, transaction
 from django.test import override_settings
 
 from django_jobs import cancel, conf, start, start_many
+from django_jobs.checks import check_settings
 from django_jobs.models import Hold, JobRun, Status
 from django_jobs.storage import claiming, holds, leases, vendors
 from tests.factories import JobRunFactory, RunningJobRunFactory, WorkerFactory
@@ -68,7 +68,7 @@ def hold_of(run: JobRun) -> str:
 )
 def test_a_bad_cap_is_a_check_error_and_caps_nothing(value: Any, problem: str) -> None:
     with capped(value):
-        errors = [m.msg for m in run_checks() if m.id == "django_jobs.E001"]
+        errors = [m.msg for m in check_settings() if m.id == "django_jobs.E001"]
         assert any(problem in message for message in errors), errors
         assert conf.tenant_cap("default") is None
 
