@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from asgiref.sync import sync_to_async
-from django.db import connections
+from django.db import connection, connections
 
 from tests.helpers import WorkerProcess, worker_env
 
@@ -52,3 +52,16 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     yield start
     for worker in started:
         worker.stop()
+
+
+@pytest.fixture(params=["one statement", "two statements"])
+def claim_forms(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both forms of the claim: the vendor's one statement (PostgreSQL), and the
+    two statements every database has."""
+    from django_jobs.storage import vendors
+
+    if request.param == "two statements":
+        monkeypatch.setattr(type(vendors.of(connection)), "claim", lambda *args, **kw: None)
+    elif connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL alone claims in one statement")
+    return str(request.param)

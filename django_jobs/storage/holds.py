@@ -126,14 +126,6 @@ TENANT = Scope("tenants", Hold.TENANT, ("pool", "tenant_id"), "tenant_slot")
 SCOPES = (KEY, TENANT)
 
 
-def tenants_capped(pools: Iterable[str] | None = None) -> bool:
-    """Whether ``TENANT_CONCURRENCY`` caps any of ``pools`` (any pool when None)."""
-    named, others = conf.tenant_caps()
-    if pools is None:
-        return bool(named) or others is not None
-    return any(conf.tenant_cap(pool) is not None for pool in pools)
-
-
 def full(scope: Scope, groups: Iterable[Group | None], run_limit: int | None = None) -> set[Group]:
     """Of ``groups``, those whose every slot a running run holds now."""
     found: set[Group] = set()
@@ -230,8 +222,12 @@ def release_after_commit(
         },
     }
     for scope, groups in wanted.items():
-        if groups:
-            transaction.on_commit(functools.partial(_release_quietly, scope, groups), using=using())
+        _release_groups_after_commit(scope, groups)
+
+
+def _release_groups_after_commit(scope: Scope, groups: set[Group]) -> None:
+    if groups:
+        transaction.on_commit(functools.partial(_release_quietly, scope, groups), using=using())
 
 
 def _release_quietly(scope: Scope, groups: set[Group]) -> None:
@@ -294,7 +290,7 @@ def hold_taken(limit: int = 5000) -> int:
     """Hold the ready due runs of the groups that are full now, up to ``limit``; how many."""
     held = 0
     for scope in SCOPES:
-        if scope is TENANT and not tenants_capped():
+        if scope is TENANT and _caps_of(None) is None:
             continue
         held += _hold_full(scope, limit - held)
         if held >= limit:
@@ -356,10 +352,7 @@ def _hold(scope: Scope, ids: list[int]) -> int:
             return 0
         runs().filter(pk__in=[row["id"] for row in ready]).update(hold=scope.hold)
         # The groups may have had room again before this commit: look after it.
-        groups = {scope.group(row) for row in ready}
-        transaction.on_commit(
-            functools.partial(_release_quietly, scope, {g for g in groups if g}), using=using()
-        )
+        _release_groups_after_commit(scope, {g for row in ready if (g := scope.group(row))})
     return len(ready)
 
 

@@ -8,12 +8,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from django.db import IntegrityError, connection, connections, transaction
+from django.db import IntegrityError, connections, transaction
 
 from django_jobs import job, start, start_many
 from django_jobs.models import Hold, JobRun, Status
 from django_jobs.registry import unregister
-from django_jobs.storage import claiming, holds, leases, vendors
+from django_jobs.storage import claiming, holds, leases
 from tests.factories import JobRunFactory, RunningJobRunFactory, WorkerFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -29,17 +29,6 @@ def running_slots(key: str) -> list[int | None]:
             "concurrency_slot", flat=True
         )
     )
-
-
-@pytest.fixture(params=["one statement", "two statements"])
-def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Both forms of the claim: the vendor's one statement (PostgreSQL), and the
-    two statements every database has."""
-    if request.param == "two statements":
-        monkeypatch.setattr(type(vendors.of(connection)), "claim", lambda *args, **kw: None)
-    elif connection.vendor != "postgresql":
-        pytest.skip("PostgreSQL alone claims in one statement")
-    return str(request.param)
 
 
 def test_a_limit_is_an_integer_from_1_to_1000() -> None:
@@ -76,7 +65,7 @@ def test_the_database_refuses_a_slot_of_a_key_taken_twice() -> None:
         JobRun.objects.filter(pk=third.pk).update(status=Status.RUNNING, concurrency_slot=0)
 
 
-def test_a_claim_takes_as_many_runs_of_a_key_as_its_limit(path: str) -> None:
+def test_a_claim_takes_as_many_runs_of_a_key_as_its_limit(claim_forms: str) -> None:
     runs = start_many("tests.limited_retried", [{"key": "k", "n": n} for n in range(5)])
     other = start("tests.keyed", {"key": "other"})
     batch = claim(10)
@@ -91,7 +80,7 @@ def test_a_claim_takes_as_many_runs_of_a_key_as_its_limit(path: str) -> None:
     assert running_slots("k") == [0, 1, 2]
 
 
-def test_a_claim_fills_the_free_slots_beside_running_runs(path: str) -> None:
+def test_a_claim_fills_the_free_slots_beside_running_runs(claim_forms: str) -> None:
     RunningJobRunFactory(concurrency_key="k", concurrency_limit=4, concurrency_slot=0)
     RunningJobRunFactory(concurrency_key="k", concurrency_limit=4, concurrency_slot=2)
     waiting = [JobRunFactory(concurrency_key="k", concurrency_limit=4) for _ in range(4)]
@@ -99,7 +88,7 @@ def test_a_claim_fills_the_free_slots_beside_running_runs(path: str) -> None:
     assert running_slots("k") == [0, 1, 2, 3]
 
 
-def test_runs_of_one_key_and_another_limit_count_the_same_running_runs(path: str) -> None:
+def test_runs_of_one_key_and_another_limit_count_the_same_running_runs(claim_forms: str) -> None:
     # Two runs of a key of limit 2 run; a run of the same key and limit 1 waits
     # until none runs, and one of limit 3 takes the third slot.
     RunningJobRunFactory(concurrency_key="k", concurrency_limit=2, concurrency_slot=0)
@@ -110,7 +99,7 @@ def test_runs_of_one_key_and_another_limit_count_the_same_running_runs(path: str
     assert running_slots("k") == [0, 1, 2]
 
 
-def test_racing_claimers_never_run_more_of_a_key_than_its_limit(path: str) -> None:
+def test_racing_claimers_never_run_more_of_a_key_than_its_limit(claim_forms: str) -> None:
     for round_ in range(10):
         JobRun.objects.all().delete()
         workers = [WorkerFactory() for _ in range(6)]

@@ -10,13 +10,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from django.db import IntegrityError, connection, connections, transaction
+from django.db import IntegrityError, connections, transaction
 from django.test import override_settings
 
 from django_jobs import cancel, conf, start, start_many
 from django_jobs.checks import check_settings
 from django_jobs.models import Hold, JobRun, Status
-from django_jobs.storage import claiming, holds, leases, vendors
+from django_jobs.storage import claiming, holds, leases
 from tests.factories import JobRunFactory, RunningJobRunFactory, WorkerFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -30,17 +30,6 @@ def capped(value: Any) -> Any:
 def cap_of_two() -> Iterator[None]:
     with capped({"default": 2}):
         yield
-
-
-@pytest.fixture(params=["one statement", "two statements"])
-def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Both forms of the claim: the vendor's one statement (PostgreSQL), and the
-    two statements every database has."""
-    if request.param == "two statements":
-        monkeypatch.setattr(type(vendors.of(connection)), "claim", lambda *args, **kw: None)
-    elif connection.vendor != "postgresql":
-        pytest.skip("PostgreSQL alone claims in one statement")
-    return str(request.param)
 
 
 def claim(limit: int = 10, pools: list[str] | None = None) -> list[claiming.Claim]:
@@ -83,7 +72,9 @@ def test_a_cap_is_for_every_pool_or_by_pool_with_a_default() -> None:
     assert conf.tenant_cap("default") is None
 
 
-def test_a_claim_takes_no_more_runs_of_a_tenant_than_its_cap(cap_of_two: None, path: str) -> None:
+def test_a_claim_takes_no_more_runs_of_a_tenant_than_its_cap(
+    cap_of_two: None, claim_forms: str
+) -> None:
     busy = start_many("tests.noop", [{}] * 5, tenant_id="a")
     other = start("tests.noop", tenant_id="b")
     untenanted = start("tests.noop")
@@ -110,7 +101,7 @@ def test_the_database_refuses_a_slot_of_a_tenant_taken_twice() -> None:
     JobRun.objects.filter(pk=elsewhere.pk).update(status=Status.RUNNING, tenant_slot=0)
 
 
-def test_a_cap_by_pool_leaves_the_other_pools_alone(path: str) -> None:
+def test_a_cap_by_pool_leaves_the_other_pools_alone(claim_forms: str) -> None:
     with capped({"reports": 1}):
         start_many("tests.noop", [{}] * 3, tenant_id="a")
         start_many("tests.noop", [{}] * 3, tenant_id="a", pool="reports")
@@ -165,7 +156,7 @@ def test_runs_held_for_a_cap_since_removed_are_released_by_the_sweep(cap_of_two:
 
 
 def test_racing_claimers_never_run_more_of_a_tenant_than_its_cap(
-    cap_of_two: None, path: str
+    cap_of_two: None, claim_forms: str
 ) -> None:
     for round_ in range(10):
         JobRun.objects.all().delete()
