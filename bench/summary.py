@@ -346,7 +346,12 @@ HELD_BACKLOGS = {
     "later": "due tomorrow",
     "paused": "in a paused pool the worker serves",
     "stale": "none, statistics taken with one pending run",
+    "one_tenant": "none, the drained runs all of one tenant",
+    "tenants": "none, the drained runs of 1,000 tenants",
+    "tenants_unfair": "none, the drained runs of 1,000 tenants, FAIR_TURNS off",
 }
+# The fair turns' target: another tenant's run claimed within a second of its start.
+FAIR_TARGET_S = 1.0
 
 
 def held_section(rec: Records) -> list[str]:
@@ -374,6 +379,16 @@ def held_section(rec: Records) -> list[str]:
             f"| {label} | {mmm(rec.values('django_jobs', 'held', f'{name}_per_s'))}"
             f" | {mmm(ratios, '.2f', TIMES)} | {met} |"
         )
+    waits = rec.values("django_jobs", "held", "fair_wait_max_s")
+    if waits:
+        met = "yes" if max(waits) <= FAIR_TARGET_S else "**no**"
+        p50 = mmm(rec.values("django_jobs", "held", "fair_wait_p50_s"), ".3f")
+        lines += [
+            "",
+            "Runs of other tenants started while one tenant's backlog drains, from start"
+            f" to claim (target {FAIR_TARGET_S:g} s at most): p50 {p50} s,"
+            f" max {mmm(waits, '.3f')} s; met: {met}.",
+        ]
     return [*lines, ""]
 
 

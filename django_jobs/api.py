@@ -24,7 +24,7 @@ from .names import pool_problem
 from .payloads import control_problem, normalize, to_json
 from .registry import JobHandler, get_handler
 from .storage import holds as held
-from .storage import vendors
+from .storage import turns, vendors
 from .storage.notify import notify_pools
 
 PRIORITY_MIN = -32768
@@ -93,6 +93,7 @@ def start_handler(
         run.trigger_source, run.trigger_ref = trigger
     using = conf.get().DATABASE
     release = _hold_at_start([run])
+    turns.assign(run)
     if run.idempotency_key is None:
         run.save(using=using, force_insert=True)
         release()
@@ -160,6 +161,8 @@ def start_many(job_type: str, inputs: Iterable[Any], **options: Any) -> list[Job
     vendor = vendors.of(connection)
 
     holds, release = _holds_at_start(template, keys)
+    turns.assign(template)
+    turn_of = turns.of_many(template, len(data))
 
     def insert(chunk: range) -> list[JobRun]:
         part = vendor.insert_runs(
@@ -170,10 +173,14 @@ def start_many(job_type: str, inputs: Iterable[Any], **options: Any) -> list[Job
             [keys[n] for n in chunk],
             [rate_keys[n] for n in chunk],
             [holds[n] for n in chunk],
+            [turn_of[n] for n in chunk],
         )
         if part is None:
             part = JobRun.objects.using(using).bulk_create(
-                [_copy(template, data[n], keys[n], rate_keys[n], holds[n]) for n in chunk]
+                [
+                    _copy(template, data[n], keys[n], rate_keys[n], holds[n], turn_of[n])
+                    for n in chunk
+                ]
             )
         return part
 
@@ -203,13 +210,16 @@ def _chunks(
     yield range(start, len(texts))
 
 
-def _copy(template: JobRun, data: Any, key: str | None, rate_key: str | None, hold: str) -> JobRun:
+def _copy(
+    template: JobRun, data: Any, key: str | None, rate_key: str | None, hold: str, turn: int
+) -> JobRun:
     run = copy.copy(template)
     run._state = copy.copy(template._state)
     run.input = data
     run.concurrency_key = key
     run.rate_key = rate_key
     run.hold = hold
+    run.turn = turn
     return run
 
 
@@ -273,6 +283,7 @@ def start_child(
     run.close_policy = close_policy
     run.trace_context = trace_context
     release = _hold_at_start([run])
+    turns.assign(run)
     run.save(using=conf.get().DATABASE, force_insert=True)
     release()
     return run

@@ -30,6 +30,9 @@ DEFAULTS: dict[str, Any] = {
     # None (no cap), a number (every pool), or a dict of numbers by pool with
     # "*" for the pools it does not name.
     "TENANT_CONCURRENCY": None,
+    # Whether claims take turns across tenants (storage.turns): a tenant's burst
+    # waits for other tenants' runs rather than before them.
+    "FAIR_TURNS": True,
 }
 
 DURATION_KEYS = frozenset(
@@ -63,6 +66,7 @@ class JobsSettings:
     SCHEDULES: dict[str, Any]
     RATE_LIMITS: dict[str, Any]
     TENANT_CONCURRENCY: int | dict[str, int] | None
+    FAIR_TURNS: bool
 
 
 def user_settings() -> dict[str, Any]:
@@ -112,7 +116,7 @@ def problems() -> list[str]:
     max_bytes = values["MAX_INPUT_BYTES"]
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
         found.append(f"MAX_INPUT_BYTES must be a positive integer, got {max_bytes!r}")
-    for key in ("LISTEN_NOTIFY", "PREPARED_STATEMENTS"):
+    for key in ("LISTEN_NOTIFY", "PREPARED_STATEMENTS", "FAIR_TURNS"):
         if not isinstance(values[key], bool):
             found.append(f"{key} must be True or False, got {values[key]!r}")
     if not isinstance(values["SCHEDULES"], dict):

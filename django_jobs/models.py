@@ -58,6 +58,10 @@ UNSUCCESSFUL_STATUSES = (Status.FAILED, Status.TIMED_OUT, Status.CANCELED)
 # What ``retry()`` accepts: the unsuccessful ones.
 RETRYABLE_STATUSES = UNSUCCESSFUL_STATUSES
 
+# The turn of a pending run that is not due yet (``JobRun.turn``): after every
+# other turn, so that claims for due runs find it last, if at all.
+LATER = 1 << 62
+
 
 def __getattr__(name: str) -> Any:
     # The earlier name of FINISHED_STATUSES, kept working (with a warning) for
@@ -189,6 +193,10 @@ class JobRun(models.Model):
     hold = models.CharField(
         max_length=8, choices=Hold.choices, default=Hold.READY, db_default="", blank=True
     )
+    # The run's turn among the ready runs of its pool and priority (storage.turns):
+    # a claim takes the lowest turns first, so tenants take turns. LATER while
+    # the run is not due yet, until the worker gives it a turn when it is.
+    turn = models.BigIntegerField(default=0, db_default=0, editable=False)
     # The key of the run's job's rate limit, when the job declares rate_limit_key;
     # runs of other limited jobs share their job type's limit (see ratelimits).
     rate_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
@@ -266,15 +274,27 @@ class JobRun(models.Model):
             ("run_now_jobrun", "Can start pending runs now"),
         ]
         indexes = [
-            # Serves the claim query (claims.claim_batch) and nothing else: only
-            # ready pending rows are in it, so its size grows neither with
-            # history nor with runs held back (storage.holds).
+            # Serves the claim query (claims.claim_batch): only ready pending
+            # rows are in it, so its size grows neither with history nor with
+            # runs held back (storage.holds). Priority, then turn (fairness
+            # across tenants, storage.turns), then age.
             models.Index(
                 "pool",
                 models.F("priority").desc(),
+                "turn",
                 "run_at",
-                name="django_jobs_run_ready",
+                name="django_jobs_run_claimable",
                 condition=models.Q(status="pending", hold=""),
+            ),
+            # A tenant's last turn in a pool and priority (runs without a tenant
+            # are one group), read when its runs are started (storage.turns).
+            models.Index(
+                "pool",
+                "priority",
+                "tenant_id",
+                "turn",
+                name="django_jobs_run_turns",
+                condition=models.Q(status="pending", hold="", turn__lt=LATER),
             ),
             # Pending runs with a concurrency key, by key: holding those of a
             # taken key, and releasing the first held one when it is free.

@@ -7,7 +7,7 @@ import socket
 
 from . import transitions
 from .execution import execute
-from .storage import holds, workers
+from .storage import holds, turns, workers
 from .storage.claiming import claim_batch
 
 
@@ -27,6 +27,7 @@ def drain(pool: str | None = None, *, batch_size: int = 100) -> int:
         while True:
             # Sleeps that are over are woken first, as a worker's watchdog would.
             transitions.wake_sleepers()
+            turns.give_turns(pools)
             batch = claim_batch(worker.pk, pools, batch_size)
             # Runs held for a concurrency key are released after the commit that
             # freed it, which a test's transaction may never reach: here, at once.

@@ -32,7 +32,7 @@ from .execution import Outcome, canceled, execute, log_outcome, record, record_h
 from .models import WorkerStatus
 from .registry import all_handlers
 from .scheduler import Scheduler
-from .storage import holds, leases, vendors, workers
+from .storage import holds, leases, turns, vendors, workers
 from .storage import ratelimits as limited_runs
 from .storage.claiming import Claim, JobTypes, claim_batch
 from .storage.connections import discard_broken_connections
@@ -658,6 +658,8 @@ class JobWorker:
             if self._quietly(transitions.wake_sleepers):
                 self._news()
             self._quietly(holds.hold_taken)
+            if self._quietly(turns.give_turns, self.pools):
+                self._news()
             if self.hard_stop.wait(self.tick):
                 break
         self._leave()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import statistics
 import sys
 import time
 from typing import Any
@@ -263,8 +264,13 @@ def measure_ratelimit(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # The held case's backlogs: what each adds beside the drain (None: nothing, the
-# reference; "stale": nothing, but the statistics taken while one run was pending).
-HELD_BACKLOGS = ("none", "key", "tenant", "later", "paused", "stale")
+# reference; "stale": nothing, but the statistics taken while one run was pending;
+# "one_tenant" and "tenants": nothing, the drained runs all of one tenant, or of
+# 1,000 tenants, 20 each). Then the fair turns (_fair).
+HELD_BACKLOGS = (
+    "none", "key", "tenant", "later", "paused", "stale", "one_tenant", "tenants", "tenants_unfair"
+)
+FAIR_LATE = 20  # runs of other tenants started while one tenant's backlog drains
 
 
 def measure_held(args: argparse.Namespace) -> dict[str, Any]:
@@ -280,7 +286,7 @@ def measure_held(args: argparse.Namespace) -> dict[str, Any]:
     pending, automatic ones turned off (a burst after an idle spell)."""
     from django.conf import settings
     from django.core.management import call_command
-    from django.db import connections
+    from django.db import connections, transaction
     from django.test import override_settings
 
     from django_jobs import cancel, start, start_many
@@ -292,7 +298,12 @@ def measure_held(args: argparse.Namespace) -> dict[str, Any]:
         "workers": 1,
         "config": f"--concurrency {args.concurrency}; backlog {backlog:,} runs",
     }
-    for name in HELD_BACKLOGS:
+    # BENCH_HELD_BACKLOGS: some of them only ("none" always), to look at one closely.
+    only = os.environ.get("BENCH_HELD_BACKLOGS")
+    backlogs = [
+        name for name in HELD_BACKLOGS if only is None or name == "none" or name in only.split(",")
+    ]
+    for name in backlogs:
         connections.close_all()  # recreating the database ends this process's sessions
         common.recreate_db(DB)
         call_command("migrate", verbosity=0)
@@ -304,8 +315,12 @@ def measure_held(args: argparse.Namespace) -> dict[str, Any]:
         cmd = worker_cmd(args) + ["--pool", "parked"]
         env = {"BENCH_TENANT_CONCURRENCY": "1"} if capped else {}
         caps = override_settings(DJANGO_JOBS={**settings.DJANGO_JOBS, "TENANT_CONCURRENCY": 1})
+        unfair = name == "tenants_unfair"
+        if unfair:
+            env = {"BENCH_FAIR_TURNS": "0"}
+            caps = override_settings(DJANGO_JOBS={**settings.DJANGO_JOBS, "FAIR_TURNS": False})
         with common.Workers(f"django_jobs_held_{name}", [cmd], PROJECT, env) as workers, (
-            caps if capped else contextlib.nullcontext()
+            caps if capped or unfair else contextlib.nullcontext()
         ):
             deadline = time.monotonic() + 60
             while JobRun.objects.get(pk=holder.pk).status != "running":
@@ -325,7 +340,16 @@ def measure_held(args: argparse.Namespace) -> dict[str, Any]:
                 start_many("bench.noop", [{}] * backlog, tenant_id="big")
             record[f"{name}_enqueue_s"] = round(time.perf_counter() - t, 3)
             base = last_id()
-            enqueue("bench.noop", args.n)
+            if name == "one_tenant":
+                start_many("bench.noop", [{}] * args.n, tenant_id="one")
+            elif name in ("tenants", "tenants_unfair"):
+                # In one transaction: the worker sees them all at once, as it sees
+                # the others' one statement (the drain is timed, not the starts).
+                with transaction.atomic():
+                    for tenant in range(1000):
+                        start_many("bench.noop", [{}] * (args.n // 1000), tenant_id=f"t{tenant}")
+            else:
+                enqueue("bench.noop", args.n)
             if name != "stale":
                 common.analyze(DB, "django_jobs_jobrun")
             done_sql = f"SELECT count(*) FROM django_jobs_jobrun WHERE id > {base} AND status = 'completed'"
@@ -338,10 +362,51 @@ def measure_held(args: argparse.Namespace) -> dict[str, Any]:
             # The backlog goes first, so that the holder's end releases nothing.
             JobRun.objects.filter(pk__gt=holder.pk, pk__lte=base).delete()
             cancel(holder.pk)
-    for name in HELD_BACKLOGS[1:]:
+    for name in backlogs[1:]:
         ratio = record[f"{name}_per_s"] / record["none_per_s"]
         record[f"{name}_x"] = round(ratio, 3)
+    if only is None or "fair" in only.split(","):
+        record.update(_fair(args, worker_cmd(args)))
     return record
+
+
+def _fair(args: argparse.Namespace, cmd: list[str]) -> dict[str, Any]:
+    """Tenant ``a`` starts ``--held-runs`` runs; once their drain is under way, other
+    tenants start FAIR_LATE runs, 0.1 s apart: how long each waited from its start
+    (created_at) to its claim (started_at), on the database's clock, and how many
+    of a's runs were claimed after the last of them."""
+    from django.core.management import call_command
+    from django.db import connections
+
+    from django_jobs import start, start_many
+    from django_jobs.models import JobRun
+
+    connections.close_all()
+    common.recreate_db(DB)
+    call_command("migrate", verbosity=0)
+    start_many("bench.noop", [{}] * args.held_runs, tenant_id="a")
+    common.analyze(DB, "django_jobs_jobrun")
+    with common.Workers("django_jobs_held_fair", [cmd], PROJECT, {}) as workers:
+        deadline = time.monotonic() + 60
+        while not JobRun.objects.filter(status="completed").exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError("the fair backlog did not start draining")
+            workers.check_alive("waiting for the fair backlog to drain")
+            time.sleep(0.05)
+        time.sleep(1.0)
+        late = []
+        for n in range(FAIR_LATE):
+            late.append(start("bench.noop", {}, tenant_id=f"b{n}").pk)
+            time.sleep(0.1)
+        wait_all(workers, args.held_runs + FAIR_LATE)
+    rows = JobRun.objects.filter(pk__in=late).values_list("created_at", "started_at")
+    waits = sorted((started - created).total_seconds() for created, started in rows)
+    last = max(started for _, started in rows)
+    return {
+        "fair_wait_p50_s": round(statistics.median(waits), 4),
+        "fair_wait_max_s": round(waits[-1], 4),
+        "fair_backlog_left": JobRun.objects.filter(tenant_id="a", started_at__gt=last).count(),
+    }
 
 
 def _stale_statistics() -> None:

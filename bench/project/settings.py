@@ -23,6 +23,8 @@ DJANGO_JOBS = {
 # worker polls at its default for a database without LISTEN (0.2 s on MariaDB).
 if "postgresql" in _engine or "BENCH_POLL_INTERVAL" in os.environ:
     DJANGO_JOBS["POLL_INTERVAL"] = float(os.environ.get("BENCH_POLL_INTERVAL", "1.0"))
+if os.environ.get("BENCH_FAIR_TURNS"):
+    DJANGO_JOBS["FAIR_TURNS"] = os.environ["BENCH_FAIR_TURNS"] == "1"
 if os.environ.get("BENCH_TENANT_CONCURRENCY"):
     DJANGO_JOBS["TENANT_CONCURRENCY"] = int(os.environ["BENCH_TENANT_CONCURRENCY"])
 LOGGING_CONFIG = None

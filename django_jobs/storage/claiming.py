@@ -68,7 +68,8 @@ def claim_batch(
 ) -> list[Claim]:
     """Claim up to ``limit`` due runs of ``pools`` (all pools when None) for this worker.
 
-    Highest priority first, then the oldest ``run_at``, runs under the rate
+    Highest priority first, then the lowest turn (``storage.turns``: tenants
+    take turns), then the oldest ``run_at``, runs under the rate
     ``limits`` and the others alike; without ``limits`` no limit is enforced.
     Where the database claims in one statement, a new ``plan`` number makes the
     server plan it afresh. ``job_types`` limits the claim to some job types or
@@ -204,7 +205,7 @@ def _admit_deferred(worker_id: uuid.UUID, limits: Limits, left: Left) -> list[Cl
     if not left.deferred:
         return []
     ids, left.deferred = left.deferred, []
-    picked = runs().due(None).filter(pk__in=ids).order_by("-priority", "run_at")
+    picked = runs().due(None).filter(pk__in=ids).order_by("-priority", "turn", "run_at")
 
     def admit(token: uuid.UUID) -> list[Claim]:
         admitting = _admission(limits, worker_id, token, left)
@@ -317,15 +318,16 @@ def candidates(
     due = due.filter(holds.has_room(pools))
     # SKIP LOCKED: rows another worker is claiming right now are passed over
     # instead of waited for, so claimers never queue behind each other and
-    # never both get one row. The filter and order match the partial index
-    # django_jobs_run_ready (ready pending runs), so the cost grows neither with
-    # finished history nor with runs held for their key (storage.holds).
-    due = due.order_by("-priority", "run_at")
+    # never both get one row. The filter and order (priority, then the turns
+    # that tenants take, storage.turns, then age) match the partial index
+    # django_jobs_run_claimable (ready pending runs), so the cost grows neither
+    # with finished history nor with runs held for their key (storage.holds).
+    due = due.order_by("-priority", "turn", "run_at")
     return due.select_for_update(skip_locked=True) if locked else due
 
 
 # What a one-statement claim reads of the runs it picks (the vendor's statement names them).
-_PICKED = ("id", "concurrency_key", "concurrency_limit", "priority", "run_at")
+_PICKED = ("id", "concurrency_key", "concurrency_limit", "priority", "turn", "run_at")
 
 
 def _claim_in_one_statement(
@@ -466,9 +468,9 @@ def _picked(picked: Any, passed: list[int], limit: int) -> list[int]:
         return list(picked.exclude(pk__in=passed).values_list("id", flat=True)[:limit])
     rows = []
     for query in picked:
-        rows += query.exclude(pk__in=passed).values_list("priority", "run_at", "id")[:limit]
-    rows.sort(key=lambda row: (-row[0], row[1], row[2]))
-    return [row[2] for row in rows[:limit]]
+        rows += query.exclude(pk__in=passed).values_list("priority", "turn", "run_at", "id")[:limit]
+    rows.sort(key=lambda row: (-row[0], row[1], row[2], row[3]))
+    return [row[3] for row in rows[:limit]]
 
 
 def mark_running(rows: list[dict[str, Any]], worker_id: uuid.UUID, token: uuid.UUID) -> None:

@@ -256,7 +256,7 @@ def _release_one(scope: Scope, group: Group) -> int:
     for beside its running and ready due runs; how many."""
     of_group = dict(zip(scope.columns, group, strict=True))
     held = runs().filter(**of_group, status=Status.PENDING, hold=scope.hold)
-    in_order = held.order_by("-priority", "run_at", "id")
+    in_order = held.order_by("-priority", "turn", "run_at", "id")
     first = in_order.values_list("id", "concurrency_limit")[:1]
     if not first:
         return 0

@@ -23,7 +23,7 @@ from django.db.models import F, Func, JSONField, Q
 from django.db.models.functions import Now
 
 from ..models import JobRun, Status
-from . import after, runs, using, vendors
+from . import after, runs, turns, using, vendors
 from . import holds as held
 
 if TYPE_CHECKING:
@@ -128,6 +128,8 @@ def reschedule(claim: Claim, error: dict[str, Any], delay: float) -> bool:
             status=Status.PENDING,
             error=error,
             run_at=after(delay),
+            # Not due until then: out of the claims' way (storage.turns).
+            turn=turns.later() if delay > 0 else F("turn"),
             lease_token=None,
             claimed_by=None,
             progress=None,

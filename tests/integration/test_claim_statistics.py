@@ -18,7 +18,7 @@ from django.db import connection, transaction
 from django_jobs import start_many
 from django_jobs.models import JobRun
 from django_jobs.ratelimits import Limits, Rate
-from django_jobs.storage import claiming, leases, vendors
+from django_jobs.storage import claiming, leases, turns, vendors
 from tests.factories import WorkerFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -105,6 +105,15 @@ def test_postgresql_plans_read_what_they_take(
     assert _explained(*completion) < BUDGET
 
 
+@pytest.mark.postgresql("EXPLAIN ANALYZE of the turn a start takes")
+@pytest.mark.usefixtures("worst_statistics")
+def test_postgresql_a_start_reads_its_turn_from_the_indexes() -> None:
+    # The 20,000 queued runs are of no tenant: the head and the last turn of that
+    # group are both among them.
+    assert _explained(*turns.turn_query("default", 0, None)) < BUDGET
+    assert _explained(*turns.turn_query("default", 0, "other")) < BUDGET
+
+
 def _handler_reads() -> int:
     with connection.cursor() as cursor:
         cursor.execute("SHOW SESSION STATUS LIKE 'Handler_read%%'")
@@ -122,4 +131,9 @@ def test_mysql_claims_and_completions_read_what_they_take() -> None:
     claimed = _handler_reads()
     assert claimed - before < BUDGET
     assert len(leases.complete_many([(claim, None) for claim in claims])) == BATCH
-    assert _handler_reads() - claimed < BUDGET
+    completed = _handler_reads()
+    assert completed - claimed < BUDGET
+    # The turn a start takes: two probes of an index each.
+    with connection.cursor() as cursor:
+        cursor.execute(*turns.turn_query("default", 0, None))
+    assert _handler_reads() - completed < BUDGET

@@ -150,9 +150,19 @@ class Vendor:
         keys: list[str | None],
         rate_keys: list[str | None],
         holds: list[str],
+        turns: list[int],
     ) -> list[JobRun] | None:
-        """Insert runs that differ only in input, keys and hold in one statement. None: no
-        such form."""
+        """Insert runs that differ only in input, keys, hold and turn in one statement.
+        None: no such form."""
+        return None
+
+    def last_turn(
+        self, connection: BaseDatabaseWrapper, pool: str, priority: int, tenant_id: str | None
+    ) -> tuple[str, list[Any]] | None:
+        """A query of the highest turn of the tenant's ready runs in ``pool`` at
+        ``priority`` (NULL when
+        none), where the ORM's would not find it through the turns index. None: the
+        ORM's."""
         return None
 
     def delete(

@@ -174,6 +174,7 @@ class MySQL(Vendor):
         keys: list[str | None],
         rate_keys: list[str | None],
         holds: list[str],
+        turns: list[int],
     ) -> list[JobRun] | None:
         if connection.features.can_return_rows_from_bulk_insert:
             return None  # MariaDB: bulk_create reads the ids back with RETURNING
@@ -182,14 +183,30 @@ class MySQL(Vendor):
         # in one transaction.
         runs = []
         with transaction.atomic(using=connection.alias):
-            for value, key, rate_key, hold in zip(data, keys, rate_keys, holds, strict=True):
+            for value, key, rate_key, hold, turn in zip(
+                data, keys, rate_keys, holds, turns, strict=True
+            ):
                 run = copy(template)
                 run._state = copy(template._state)
                 run.input, run.concurrency_key, run.rate_key = value, key, rate_key
-                run.hold = hold
+                run.hold, run.turn = hold, turn
                 run.save(using=connection.alias, force_insert=True)
                 runs.append(run)
         return runs
+
+    def last_turn(
+        self, connection: BaseDatabaseWrapper, pool: str, priority: int, tenant_id: str | None
+    ) -> tuple[str, list[Any]] | None:
+        """Over the virtual column ``ready_turn`` (a ready run's turn, else NULL) that
+        the turns index is built on (migration 0013): one probe of that index."""
+        quote = connection.ops.quote_name
+        tenant = "tenant_id IS NULL" if tenant_id is None else "tenant_id = %s"
+        params = [pool, priority] if tenant_id is None else [pool, priority, tenant_id]
+        return (
+            f"SELECT MAX(ready_turn) FROM {quote(JobRun._meta.db_table)} "
+            f"WHERE pool = %s AND priority = %s AND {tenant}",
+            params,
+        )
 
     def delete(
         self, connection: BaseDatabaseWrapper, table: str, column: str, ids: list[Any]

@@ -160,9 +160,10 @@ class PostgreSQL(Vendor):
         keys: list[str | None],
         rate_keys: list[str | None],
         holds: list[str],
+        turns: list[int],
     ) -> list[JobRun] | None:
-        """One ``INSERT ... SELECT FROM unnest(...)``: the runs differ only in input, keys
-        and hold.
+        """One ``INSERT ... SELECT FROM unnest(...)``: the runs differ only in input, keys,
+        hold and turn.
 
         Returns the runs as if loaded from the database. The ids come back as one
         array and the time of the statement once, not as a row per run: reading
@@ -178,7 +179,7 @@ class PostgreSQL(Vendor):
                 continue
             columns.append(quote(str(field.column)))
             value = getattr(template, field.attname)
-            if field.attname in ("input", "concurrency_key", "rate_key", "hold"):
+            if field.attname in ("input", "concurrency_key", "rate_key", "hold", "turn"):
                 values.append(f"v.{field.attname}")
             elif isinstance(value, DatabaseDefault):
                 # Now() is JobRun's only database default.
@@ -191,14 +192,14 @@ class PostgreSQL(Vendor):
         statement = (
             f"WITH inserted AS (INSERT INTO {quote(JobRun._meta.db_table)} ({', '.join(columns)}) "
             f"SELECT {', '.join(values)} "
-            "FROM unnest(%s::jsonb[], %s::text[], %s::text[], %s::text[]) "
-            "WITH ORDINALITY AS v(input, concurrency_key, rate_key, hold, n) "
+            "FROM unnest(%s::jsonb[], %s::text[], %s::text[], %s::text[], %s::bigint[]) "
+            "WITH ORDINALITY AS v(input, concurrency_key, rate_key, hold, turn, n) "
             "ORDER BY v.n RETURNING id) "
             # Ids come from a sequence in insertion order, so sorted they match the inputs.
             "SELECT array_agg(id ORDER BY id), STATEMENT_TIMESTAMP() FROM inserted"
         )
         with connection.cursor() as cursor:
-            cursor.execute(statement, [*params, texts, keys, rate_keys, holds])
+            cursor.execute(statement, [*params, texts, keys, rate_keys, holds, turns])
             ids, now = cursor.fetchone()
         fields = {
             field.attname: getattr(template, field.attname)
@@ -215,10 +216,11 @@ class PostgreSQL(Vendor):
                     "concurrency_key": key,
                     "rate_key": rate_key,
                     "hold": hold,
+                    "turn": turn,
                 },
             )
-            for run_id, value, key, rate_key, hold in zip(
-                ids, data, keys, rate_keys, holds, strict=True
+            for run_id, value, key, rate_key, hold, turn in zip(
+                ids, data, keys, rate_keys, holds, turns, strict=True
             )
         ]
 
@@ -320,7 +322,7 @@ def _claim_statement(
         merged = " UNION ALL ".join(f"SELECT * FROM pick{n}" for n in range(len(sqls)))
         picks += (
             f", picked AS MATERIALIZED ({merged} "
-            f"ORDER BY priority DESC, run_at, id LIMIT {int(limit)})"
+            f"ORDER BY priority DESC, turn, run_at, id LIMIT {int(limit)})"
         )
     table = ops.quote_name(JobRun._meta.db_table)
     step_table = ops.quote_name(JobStep._meta.db_table)
@@ -349,7 +351,7 @@ def _claim_statement(
     ranked = f"""
         ranked AS (
             SELECT id, concurrency_key, concurrency_limit, row_number() OVER (
-                PARTITION BY concurrency_key ORDER BY priority DESC, run_at, id
+                PARTITION BY concurrency_key ORDER BY priority DESC, turn, run_at, id
             ) AS nth{tenants.ranked}
             FROM picked {"WHERE NOT deferred" if deferring else ""}
         ),
@@ -438,7 +440,7 @@ def _tenant_slots(ops: Any, table: str, caps: Caps | None) -> _TenantSlots:
     cap = f"CASE pool {whens} ELSE {default} END" if whens else default
     return _TenantSlots(
         ranked=f""", pool, tenant_id, {cap} AS tenant_cap, row_number() OVER (
-                PARTITION BY pool, tenant_id ORDER BY priority DESC, run_at, id
+                PARTITION BY pool, tenant_id ORDER BY priority DESC, turn, run_at, id
             ) AS tenant_nth""",
         slotted=f""", pool, tenant_id, tenant_id IS NOT NULL AND tenant_cap IS NOT NULL AS capped,
             CASE WHEN tenant_id IS NULL OR tenant_cap IS NULL THEN NULL ELSE (

@@ -1,0 +1,194 @@
+"""Fair turns: the order in which claims take the ready runs of one pool and priority.
+
+A claim takes the highest priority first, then the lowest ``JobRun.turn``, then
+the oldest ``run_at`` (the claim's index, ``django_jobs_run_claimable``, is in
+that order). Turns are start-time fair queueing over tenants, runs without a
+tenant being one more group:
+
+* a new run's turn is the turn at the head of its pool and priority (the lowest
+  turn of their ready runs), or one past the last turn of its tenant's ready
+  runs there when that is later; ``start_many()``'s runs take consecutive
+  turns from there;
+* so a tenant that starts 100,000 runs spreads them over 100,000 turns, and a
+  run another tenant starts meanwhile takes the turn at the head: the next
+  claim or the one after takes it, whatever the backlog before it;
+* with one tenant only (or none), turns follow the order of starts: the
+  claim's order is the age order it was before turns.
+
+A run not due yet takes the turn ``LATER`` (after every other one) when it is
+started or retried later: in turn order, a run due tomorrow with an early turn
+would be read past by every claim until then. When it is due, the worker's
+``give_turns()`` gives it a turn as if it were started then; until that pass
+(a second at most while a worker runs) it is claimed after the others of its
+priority, never left out.
+
+Turns are a hint to the claim's order, never a condition: a run of any turn is
+claimed. Two starts of one tenant at the same moment may take the same turn
+(their age then orders them). ``DJANGO_JOBS["FAIR_TURNS"] = False`` gives every
+run turn 0: the claim's order is priority, then age.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from django.db import connections, transaction
+from django.db.models import BigIntegerField, Case, Value, When
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from .. import conf
+from ..models import LATER, Hold, JobRun, Status
+from . import runs, using, vendors
+
+# Due runs given a turn per pass, and per statement.
+_PER_PASS = 1000
+# Priorities of one pool looked at per pass (the claim index's distinct values,
+# found one probe each).
+_PRIORITIES = 20
+
+
+def assign(template: JobRun) -> None:
+    """Give ``template`` (a new run, or the template of a ``start_many()``, whose runs
+    take consecutive turns from it) its turn: ``LATER`` when not due yet."""
+    when = template.run_at
+    fair = conf.get().FAIR_TURNS
+    if isinstance(when, datetime) and when > timezone.now():
+        template.turn = LATER if fair else 0
+    elif not fair:
+        template.turn = 0
+    else:
+        template.turn = _first(template.pool, template.priority, template.tenant_id)
+
+
+def later() -> int:
+    """The turn of a run put back to pending until a later time (a retry's backoff)."""
+    return LATER if conf.get().FAIR_TURNS else 0
+
+
+def of_many(template: JobRun, count: int) -> list[int]:
+    """The turns of the ``count`` runs of a ``start_many()`` of ``template`` (given its
+    turn by ``assign``): consecutive from it."""
+    if template.turn >= LATER or not conf.get().FAIR_TURNS:
+        return [template.turn] * count
+    return [_capped(template.turn, n) for n in range(count)]
+
+
+def _capped(turn: int, n: int) -> int:
+    return turn if turn >= LATER else min(turn + n, LATER - 1)
+
+
+def _first(pool: str, priority: int, tenant_id: str | None) -> int:
+    """The first turn a new run of ``tenant_id`` in ``pool`` at ``priority`` takes."""
+    head, last = _head_and_last(pool, priority, tenant_id)
+    return max(head or 0, 0 if last is None else _capped(last, 1))
+
+
+def _ready(pool: str) -> Any:
+    return runs().filter(pool=pool, status=Status.PENDING, hold=Hold.READY, turn__lt=LATER)
+
+
+def _head_and_last(pool: str, priority: int, tenant_id: str | None) -> tuple[Any, Any]:
+    """The lowest turn of the ready runs of ``pool`` at ``priority``, and the highest of
+    the tenant's among them (None where there is none), in one query."""
+    with connections[using()].cursor() as cursor:
+        cursor.execute(*turn_query(pool, priority, tenant_id))
+        row = cursor.fetchone()
+    return (None, None) if row is None else (row[0], row[1])
+
+
+def turn_query(pool: str, priority: int, tenant_id: str | None) -> tuple[str, list[Any]]:
+    """The query of ``_head_and_last``: two probes of an index each (the claim's, in
+    turn order, and ``django_jobs_run_turns``), as a statement and its parameters."""
+    connection = connections[using()]
+    head = _ready(pool).filter(priority=priority).order_by("turn").values("turn")[:1]
+    head_sql, head_params = head.query.sql_with_params()
+    found = vendors.of(connection).last_turn(connection, pool, priority, tenant_id)
+    if found is None:
+        last = _ready(pool).filter(priority=priority, tenant_id=tenant_id)
+        last = last.order_by("-turn").values("turn")[:1]
+        found = last.query.sql_with_params()
+    last_sql, last_params = found
+    return f"SELECT ({head_sql}), ({last_sql})", [*head_params, *last_params]
+
+
+def give_turns(pools: Iterable[str] | None = None, limit: int = _PER_PASS) -> int:
+    """Give a turn to the ready runs of ``pools`` (all when None) that are due now and
+    still wait for one (``LATER``), oldest first, up to ``limit``; how many."""
+    given = 0
+    for pool in sorted(set(pools)) if pools is not None else _pools():
+        for priority in _priorities(pool):
+            given += _give(pool, priority, limit - given)
+            if given >= limit:
+                return given
+    return given
+
+
+def _pools() -> list[str]:
+    """The pools with ready runs waiting for a turn (every pool's, when no pool is named)."""
+    waiting = runs().filter(status=Status.PENDING, hold=Hold.READY, turn=LATER)
+    return sorted(set(waiting.order_by().values_list("pool", flat=True).distinct()[:1000]))
+
+
+def _priorities(pool: str) -> list[int]:
+    """The distinct priorities of the ready runs of ``pool``, highest first: one probe of
+    the claim index each."""
+    ready = runs().filter(pool=pool, status=Status.PENDING, hold=Hold.READY)
+    found: list[int] = []
+    probe = ready
+    while len(found) < _PRIORITIES:
+        priority = probe.order_by("-priority").values_list("priority", flat=True).first()
+        if priority is None:
+            break
+        found.append(priority)
+        probe = ready.filter(priority__lt=priority)
+    return found
+
+
+def _give(pool: str, priority: int, limit: int) -> int:
+    """Give turns to up to ``limit`` due ``LATER`` runs of ``pool`` at ``priority``."""
+    if limit <= 0:
+        return 0
+    due = runs().filter(
+        pool=pool,
+        priority=priority,
+        status=Status.PENDING,
+        hold=Hold.READY,
+        turn=LATER,
+        run_at__lte=Now(),
+    )
+    given = 0
+    with transaction.atomic(using=using()):
+        # Locked by primary key alone, checked under the lock (see claiming._locked);
+        # a row a claim holds is passed over: it is being taken anyway.
+        ids = list(due.order_by("run_at", "id").values_list("id", flat=True)[:limit])
+        rows = list(
+            runs()
+            .filter(pk__in=ids)
+            .order_by()
+            .select_for_update(skip_locked=True)
+            .values("id", "status", "hold", "turn", "tenant_id", "run_at")
+        )
+        rows = [
+            row
+            for row in rows
+            if (row["status"], row["hold"], row["turn"]) == (Status.PENDING, Hold.READY, LATER)
+        ]
+        by_tenant: dict[str | None, list[int]] = {}
+        for row in sorted(rows, key=lambda row: (row["run_at"], row["id"])):
+            by_tenant.setdefault(row["tenant_id"], []).append(row["id"])
+        fair = conf.get().FAIR_TURNS
+        for tenant_id, tenant_ids in by_tenant.items():
+            first = _first(pool, priority, tenant_id) if fair else 0
+            whens = [
+                When(pk=run_id, then=Value(_capped(first, n) if fair else 0))
+                for n, run_id in enumerate(tenant_ids)
+            ]
+            given += (
+                runs()
+                .filter(pk__in=tenant_ids)
+                .update(turn=Case(*whens, default=Value(LATER), output_field=BigIntegerField()))
+            )
+    return given
