@@ -342,6 +342,7 @@ def ratelimit_section(rec: Records) -> list[str]:
 HELD_TARGET = 0.8
 HELD_BACKLOGS = {
     "key": "waiting for a taken concurrency key",
+    "rate": "waiting for a full rate-limit window (1/m)",
     "tenant": "of a tenant at its cap (TENANT_CONCURRENCY 1; claims under caps)",
     "later": "due tomorrow",
     "paused": "in a paused pool the worker serves",

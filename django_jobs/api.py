@@ -24,7 +24,7 @@ from .names import pool_problem
 from .payloads import control_problem, normalize, to_json
 from .registry import JobHandler, get_handler
 from .storage import holds as held
-from .storage import turns, vendors
+from .storage import rateholds, turns, vendors
 from .storage.notify import notify_pools
 
 PRIORITY_MIN = -32768
@@ -92,7 +92,7 @@ def start_handler(
     if trigger is not None:
         run.trigger_source, run.trigger_ref = trigger
     using = conf.get().DATABASE
-    release = _hold_at_start([run])
+    release = _hold_at_start([run], handler)
     turns.assign(run)
     if run.idempotency_key is None:
         run.save(using=using, force_insert=True)
@@ -160,7 +160,7 @@ def start_many(job_type: str, inputs: Iterable[Any], **options: Any) -> list[Job
     connection = connections[using]
     vendor = vendors.of(connection)
 
-    holds, release = _holds_at_start(template, keys)
+    holds, release = _holds_at_start(template, keys, rate_keys, handler)
     turns.assign(template)
     turn_of = turns.of_many(template, len(data))
 
@@ -223,30 +223,57 @@ def _copy(
     return run
 
 
-def _hold_at_start(new_runs: list[JobRun]) -> Callable[[], None]:
-    """Start held the new runs whose group is full now (``storage.holds``); what
-    releases their groups once they are written."""
-    found, release = _holds_at_start(new_runs[0], [run.concurrency_key for run in new_runs])
+def _hold_at_start(new_runs: list[JobRun], handler: JobHandler) -> Callable[[], None]:
+    """Start held the new runs whose group is full now (``storage.holds``), or whose
+    rate limit's window is (``storage.rateholds``); what releases their groups once
+    they are written."""
+    found, release = _holds_at_start(
+        new_runs[0],
+        [run.concurrency_key for run in new_runs],
+        [run.rate_key for run in new_runs],
+        handler,
+    )
     for run, hold in zip(new_runs, found, strict=True):
         run.hold = hold
     return release
 
 
 def _holds_at_start(
-    template: JobRun, keys: list[str | None]
+    template: JobRun, keys: list[str | None], rate_keys: list[str | None], handler: JobHandler
 ) -> tuple[list[str], Callable[[], None]]:
     """The hold of each new run of ``template`` (by its key): held for its key when the
     key's slots are all taken now, else for its tenant when the tenant's cap is
-    reached in its pool, else ready; and what releases the groups of the held ones
-    after the commit that writes them (a group freed before that commit then
-    releases its runs)."""
+    reached in its pool, else for its rate limit when its window is full, else
+    ready; and what releases the groups of the held ones after the commit that
+    writes them (a group freed before that commit then releases its runs; a
+    window that opens before it, the worker's sweep)."""
+    when = template.run_at
+    if isinstance(when, datetime) and when > timezone.now():
+        # Not due yet: held, if its group or window is still full, when it is.
+        return [str(Hold.READY)] * len(keys), _nothing
+    found, release = _held_for_groups(template, keys)
+    if handler.rate_limit is not None and Hold.READY in found:
+        full = rateholds.full_now(
+            handler.rate_limit,
+            template.job_type,
+            [key for key, hold in zip(rate_keys, found, strict=True) if hold == Hold.READY],
+            keyed=handler.keyed_rate,
+        )
+        found = [
+            str(Hold.RATE) if hold == Hold.READY and (rate_key in full) else hold
+            for hold, rate_key in zip(found, rate_keys, strict=True)
+        ]
+    return found, release
+
+
+def _held_for_groups(
+    template: JobRun, keys: list[str | None]
+) -> tuple[list[str], Callable[[], None]]:
+    """The holds for keys and tenant caps of ``_holds_at_start``."""
     ready = [str(Hold.READY)] * len(keys)
     tenant = held.TENANT.group({"pool": template.pool, "tenant_id": template.tenant_id})
     if all(key is None for key in keys) and tenant is None:
         return ready, _nothing
-    when = template.run_at
-    if isinstance(when, datetime) and when > timezone.now():
-        return ready, _nothing  # not due yet: held, if its group is still full, when it is
     groups = [(key,) for key in keys if key]
     taken = {group[0] for group in held.full(held.KEY, groups, template.concurrency_limit)}
     capped = tenant is not None and bool(held.full(held.TENANT, [tenant]))
@@ -279,10 +306,11 @@ def start_child(
     """
     if "scheduled" in options:
         raise TypeError("spawn_child() got an unexpected keyword argument 'scheduled'")
-    run = _build(get_handler(job_type), input, parent=parent, **options)
+    handler = get_handler(job_type)
+    run = _build(handler, input, parent=parent, **options)
     run.close_policy = close_policy
     run.trace_context = trace_context
-    release = _hold_at_start([run])
+    release = _hold_at_start([run], handler)
     turns.assign(run)
     run.save(using=conf.get().DATABASE, force_insert=True)
     release()

@@ -108,6 +108,7 @@ class QueueCollector(Collector):
             paused.add_metric([pool.name], 1 if pool.paused else 0)
             held.add_metric([pool.name, "key"], pool.held_for_key)
             held.add_metric([pool.name, "tenant"], pool.held_for_tenant)
+            held.add_metric([pool.name, "rate"], pool.held_for_rate)
         yield from (depth, lag, workers, paused, held)
 
 

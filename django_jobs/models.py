@@ -92,6 +92,7 @@ class Hold(models.TextChoices):
     READY = "", _("Ready")
     KEY = "key", _("Its concurrency key is taken")
     TENANT = "tenant", _("Its tenant runs as many runs as its cap allows")
+    RATE = "rate", _("Its rate limit's window is full")
 
 
 class WorkerStatus(models.TextChoices):
@@ -316,6 +317,17 @@ class JobRun(models.Model):
                 "run_at",
                 name="django_jobs_run_tenanted",
                 condition=models.Q(status="pending", tenant_id__isnull=False),
+            ),
+            # Runs held for their rate limit's window, by job type and key:
+            # released as many as a window allows when it opens (storage.rateholds).
+            models.Index(
+                "job_type",
+                "rate_key",
+                models.F("priority").desc(),
+                "turn",
+                "run_at",
+                name="django_jobs_run_rate_held",
+                condition=models.Q(status="pending", hold="rate"),
             ),
             # Serves the rescue sweep: running rows by the worker holding them.
             models.Index(

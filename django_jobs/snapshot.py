@@ -72,6 +72,9 @@ class PoolStatus:
     held_for_key: int = 0
     # Pending runs held until their tenant is under its cap in the pool.
     held_for_tenant: int = 0
+    # Pending runs held until their rate limit's window opens (counted in
+    # rate_limited too).
+    held_for_rate: int = 0
     # The pool's own rate limit (DJANGO_JOBS["RATE_LIMITS"]), as written: "100/m".
     rate_limit: str | None = None
 
@@ -148,6 +151,7 @@ class Snapshot:
                     "rate_limited": pool.rate_limited,
                     "held_for_key": pool.held_for_key,
                     "held_for_tenant": pool.held_for_tenant,
+                    "held_for_rate": pool.held_for_rate,
                     "rate_limit": pool.rate_limit,
                 }
                 for pool in self.pools
@@ -235,6 +239,10 @@ def snapshot(
     held = runs.filter(status=Status.PENDING, tenant_id__isnull=False, hold=Hold.TENANT)
     for row in held.values("pool").annotate(n=Count("id")):
         pool(row["pool"]).held_for_tenant = row["n"]
+    # Through django_jobs_run_rate_held.
+    held = runs.filter(status=Status.PENDING, hold=Hold.RATE)
+    for row in held.values("pool").annotate(n=Count("id")):
+        pool(row["pool"]).held_for_rate = row["n"]
     due = runs.filter(status=Status.PENDING, run_at__lte=Now()).values("pool")
     for oldest in due.annotate(lag=_since(Min("run_at"))):
         pool(oldest["pool"]).oldest_pending = max(oldest["lag"], timedelta(0))

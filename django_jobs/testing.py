@@ -7,7 +7,7 @@ import socket
 
 from . import transitions
 from .execution import execute
-from .storage import holds, turns, workers
+from .storage import holds, rateholds, turns, workers
 from .storage.claiming import claim_batch
 
 
@@ -28,6 +28,8 @@ def drain(pool: str | None = None, *, batch_size: int = 100) -> int:
             # Sleeps that are over are woken first, as a worker's watchdog would.
             transitions.wake_sleepers()
             turns.give_turns(pools)
+            # No rate limit is enforced here: runs held for a window are ready.
+            rateholds.release_all(pools)
             batch = claim_batch(worker.pk, pools, batch_size)
             # Runs held for a concurrency key are released after the commit that
             # freed it, which a test's transaction may never reach: here, at once.

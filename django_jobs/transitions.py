@@ -54,6 +54,7 @@ from .models import (
     UNFINISHED_STATUSES,
     UNSUCCESSFUL_STATUSES,
     ClosePolicy,
+    Hold,
     JobRun,
     JobStep,
     Status,
@@ -350,6 +351,9 @@ def canceled_fields(reason: str) -> dict[str, Any]:
     """The columns written when a run finishes canceled."""
     return {
         "status": Status.CANCELED,
+        # A held run ends ready: it leaves the indexes of held runs (on MySQL and
+        # MariaDB, which have no partial indexes, their entries).
+        "hold": Hold.READY,
         "finished_at": Now(),
         "lease_token": None,
         "awaiting": None,

@@ -32,7 +32,7 @@ from .execution import Outcome, canceled, execute, log_outcome, record, record_h
 from .models import WorkerStatus
 from .registry import all_handlers
 from .scheduler import Scheduler
-from .storage import holds, leases, turns, vendors, workers
+from .storage import leases, upkeep, vendors, workers
 from .storage import ratelimits as limited_runs
 from .storage.claiming import Claim, JobTypes, claim_batch
 from .storage.connections import discard_broken_connections
@@ -642,8 +642,8 @@ class JobWorker:
             return self._logged(workers.heartbeat, self.worker_id, status)
 
     def _watchdog_loop(self) -> None:
-        """Every tick: enforce timeouts and cancel grace, wake sleepers, hold the
-        ready runs of taken concurrency keys; every heartbeat interval also: rescue
+        """Every tick: enforce timeouts and cancel grace, wake sleepers, hold and
+        release runs (``storage.upkeep``); every heartbeat interval also: rescue
         stale workers' runs, poll cancel requests, release stranded held runs."""
         self._adopt()
         next_sweep = 0.0
@@ -652,13 +652,12 @@ class JobWorker:
                 next_sweep = time.monotonic() + self.heartbeat_interval
                 self._quietly(self._rescue)
                 self._quietly(self._poll_cancel_requests)
-                if self._quietly(holds.release_stranded):
+                if self._quietly(upkeep.every_sweep, self.limits, all_handlers(), self.tick):
                     self._news()
             self._quietly(self._enforce_deadlines)
             if self._quietly(transitions.wake_sleepers):
                 self._news()
-            self._quietly(holds.hold_taken)
-            if self._quietly(turns.give_turns, self.pools):
+            if self._quietly(upkeep.every_tick, self.pools, self.limits, self.tick):
                 self._news()
             if self.hard_stop.wait(self.tick):
                 break

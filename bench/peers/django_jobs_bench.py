@@ -268,8 +268,19 @@ def measure_ratelimit(args: argparse.Namespace) -> dict[str, Any]:
 # "one_tenant" and "tenants": nothing, the drained runs all of one tenant, or of
 # 1,000 tenants, 20 each). Then the fair turns (_fair).
 HELD_BACKLOGS = (
-    "none", "key", "tenant", "later", "paused", "stale", "one_tenant", "tenants", "tenants_unfair"
+    "none",
+    "key",
+    "rate",
+    "tenant",
+    "later",
+    "paused",
+    "stale",
+    "one_tenant",
+    "tenants",
+    "tenants_unfair",
 )
+# The "rate" backlog's limit: one start a minute, full once the first run started.
+HELD_RATE = "1/m"
 FAIR_LATE = 20  # runs of other tenants started while one tenant's backlog drains
 
 
@@ -315,6 +326,8 @@ def measure_held(args: argparse.Namespace) -> dict[str, Any]:
         cmd = worker_cmd(args) + ["--pool", "parked"]
         env = {"BENCH_TENANT_CONCURRENCY": "1"} if capped else {}
         caps = override_settings(DJANGO_JOBS={**settings.DJANGO_JOBS, "TENANT_CONCURRENCY": 1})
+        if name == "rate":
+            env = {"BENCH_RATE_LIMIT": HELD_RATE}
         unfair = name == "tenants_unfair"
         if unfair:
             env = {"BENCH_FAIR_TURNS": "0"}
@@ -331,6 +344,8 @@ def measure_held(args: argparse.Namespace) -> dict[str, Any]:
             t = time.perf_counter()
             if name == "key":
                 start_many("bench.noop", [{}] * backlog, concurrency_key="busy")
+            elif name == "rate":
+                _limited_backlog(backlog, workers)
             elif name == "later":
                 start_many("bench.noop", [{}] * backlog, delay=86400)
             elif name == "paused":
@@ -356,7 +371,7 @@ def measure_held(args: argparse.Namespace) -> dict[str, Any]:
             common.wait_drained(DB, done_sql, args.n, workers)
             rate = db_rate(base, args.n)["drain_db_per_s"]
             record[f"{name}_per_s"] = rate
-            if name in ("key", "tenant"):
+            if name in ("key", "tenant", "rate"):
                 held = JobRun.objects.filter(hold=name).count()
                 record[f"{name}_held_at_end"] = held
             # The backlog goes first, so that the holder's end releases nothing.
@@ -368,6 +383,28 @@ def measure_held(args: argparse.Namespace) -> dict[str, Any]:
     if only is None or "fair" in only.split(","):
         record.update(_fair(args, worker_cmd(args)))
     return record
+
+
+def _limited_backlog(backlog: int, workers: Any) -> None:
+    """``bench.limited`` under HELD_RATE (registered here as the worker registers it):
+    one run started, its window full for a minute, then the backlog."""
+    from django_jobs import job, start, start_many
+    from django_jobs.models import JobRun
+    from django_jobs.registry import get_handler
+    from django_jobs.exceptions import UnknownJobType
+
+    try:
+        get_handler("bench.limited")
+    except UnknownJobType:
+        job("bench.limited", rate_limit=HELD_RATE)(lambda ctx: None)
+    first = start("bench.limited", {})
+    deadline = time.monotonic() + 60
+    while JobRun.objects.get(pk=first.pk).status != "completed":
+        if time.monotonic() > deadline:
+            raise TimeoutError("the first bench.limited run did not complete")
+        workers.check_alive("waiting for the first bench.limited run")
+        time.sleep(0.05)
+    start_many("bench.limited", [{}] * backlog)
 
 
 def _fair(args: argparse.Namespace, cmd: list[str]) -> dict[str, Any]:

@@ -154,16 +154,14 @@ def _claim(
     left: Left | None = None,
 ) -> list[Claim]:
     admit = None if limits is None else _admission(limits, worker_id, token, left or Left())
-    apart = False  # whether the database claims in several statements
     try:
         claims = _claim_in_one_statement(
             worker_id, pools, limit, plan, job_types, token, limits, left
         )
         if claims is not None:
             return claims
-        apart = True
         return claim_two_statements(
-            worker_id, _picks(pools, job_types, limits, apart), limit, token, admit=admit
+            worker_id, _picks(pools, job_types, limits), limit, token, admit=admit
         )
     except (IntegrityError, DataError):
         # The unique index refused a second running run of one key: a claim that
@@ -174,28 +172,19 @@ def _claim(
         logger.debug("claim refused by an integrity constraint; claiming again", exc_info=True)
         try:
             return claim_two_statements(
-                worker_id, _picks(pools, job_types, limits, apart), limit, token, admit=admit
+                worker_id, _picks(pools, job_types, limits), limit, token, admit=admit
             )
         except IntegrityError:
             logger.warning("claim refused by an integrity constraint; retrying", exc_info=True)
             return []
 
 
-def _picks(
-    pools: Sequence[str] | None, job_types: JobTypes | None, limits: Limits | None, apart: bool
-) -> Any:
-    """What a claim in several statements picks from: the candidates of each pool,
-    and, ``apart`` (MariaDB, MySQL, SQLite: the runs' dates all fit Python's) under
-    ``limits``, of each the runs under none and those under one; several picks are
-    merged in claim order."""
-    if limits is None or not apart:
-        sets = candidate_sets(pools, locked=False, job_types=job_types, limits=limits)
-    else:
-        sets = [
-            pick
-            for due in candidate_sets(pools, locked=False, job_types=job_types)
-            for pick in ratelimits.apart(due, limits)
-        ]
+def _picks(pools: Sequence[str] | None, job_types: JobTypes | None, limits: Limits | None) -> Any:
+    """What a claim in several statements picks from: the candidates of each pool
+    (several picks are merged in claim order). Runs under a limit and the others
+    are picked together: those of a full window are held out of the claim's index
+    (``storage.rateholds``), so a pick reads none of them."""
+    sets = candidate_sets(pools, locked=False, job_types=job_types, limits=limits)
     return sets[0] if len(sets) == 1 else tuple(sets)
 
 
@@ -307,8 +296,11 @@ def candidates(
     paused = JobPool.objects.using(using()).filter(paused_at__isnull=False)
     if pools is not None and len(set(pools)) == 1:
         # Of this one pool: a condition on no run, which the server decides once
-        # (PostgreSQL's one-time filter), reading none of a paused pool's runs.
+        # (PostgreSQL's one-time filter), reading none of a paused pool's runs,
+        # nor of a pool whose own rate limit's window is full.
         due = due.filter(~Exists(paused.filter(name=pools[0])))
+        if limits:
+            due = due.filter(ratelimits.pool_open(pools[0], limits))
     else:
         due = due.exclude(pool__in=Subquery(paused.order_by().values("name")))
     # A run whose concurrency key has no slot free now is not a candidate, so a

@@ -11,7 +11,7 @@ it hands their ids over to a transaction of their own):
   no worker spins on a spent limit.
 * The picked rows are locked by id, skipping locked ones (the two-statement
   claim's way), then the limit rows they need are made if missing and locked
-  with a plain ``FOR UPDATE``, in (scope, name) order: claims of one limit wait
+  with a plain ``FOR UPDATE``, by id in id order: claims of one limit wait
   for each other here, for the length of a few statements, and admit runs one
   claim at a time. The order means two claims can never wait on each other
   in a cycle. Retention (``prune_idle``) locks these rows too, skipping those
@@ -39,6 +39,7 @@ from django.db.models import (
     Case,
     Count,
     DateTimeField,
+    Exists,
     ExpressionWrapper,
     F,
     Min,
@@ -48,7 +49,7 @@ from django.db.models import (
 )
 from django.db.models.functions import Now
 
-from ..models import JobRateLimit, RateLimitScope, Status
+from ..models import Hold, JobRateLimit, RateLimitScope, Status
 from ..ratelimits import MAX_PERIOD, Limits, Rate, Window
 from . import holds, runs, using, vendors
 from .leases import WorkerIds
@@ -71,16 +72,6 @@ def claimable(due: Any, limits: Limits) -> Any:
     return due.exclude(_held(limits))
 
 
-def apart(due: Any, limits: Limits) -> tuple[Any, Any]:
-    """``due`` as two picks of a claim made of several statements, to be merged in
-    claim order: the runs under no limit, and those under a limit not known to be
-    full. Each is a filter the server can serve its own way: on MariaDB, the runs
-    under no limit by their job type alone, where ``claimable`` would read past a
-    held backlog when nothing else is due."""
-    unlimited = due.exclude(job_type__in=sorted(limits.jobs)).exclude(pool__in=sorted(limits.pools))
-    return unlimited, limited(due, limits)
-
-
 def under_a_limit(limits: Limits) -> Q:
     """The runs under one of ``limits``: their claim goes through admission."""
     shared = sorted(set(limits.jobs) - limits.keyed)
@@ -101,7 +92,30 @@ def limited(due: Any, limits: Limits) -> Any:
     return limited_runs(due, limits).exclude(_held(limits))
 
 
-def _held(limits: Limits) -> Q:
+def under_full_window(limits: Limits) -> Q:
+    """The runs under a job's or a key's limit whose window is known to be full (those
+    ``storage.rateholds`` holds; a pool's limit is not held, see ``pool_open``)."""
+    return _held(limits, pools=False)
+
+
+def pool_open(pool: str, limits: Limits) -> Q:
+    """Unless the window of ``pool``'s own limit is full: a condition on no run, which
+    the server decides once per claim (as a paused pool's), so a claim for a pool
+    whose window is full reads none of its runs. Always true for a pool without one."""
+    rate = limits.pools.get(pool)
+    if rate is None:
+        return Q()
+    full = limit_rows().filter(
+        scope=RateLimitScope.POOL,
+        name=pool,
+        open_at__gt=Now(),
+        limit=rate.count,
+        period=rate.seconds,
+    )
+    return Q(~Exists(full))
+
+
+def _held(limits: Limits, *, pools: bool = True) -> Q:
     """The runs one of whose limits is full now: its row's ``open_at`` is ahead, and
     was computed under the rate in force (a limit raised, or lowered, since is
     judged again at its next claim: ``open_at`` is the old rate's).
@@ -111,8 +125,8 @@ def _held(limits: Limits) -> Q:
     reads past a held backlog at the cost of a lookup per run.
     """
     held = Q(pk__in=[])
-    for rate, pools in _by_rate(limits.pools, limits.pools).items():
-        held |= Q(pool__in=pools) & Q(pool__in=_full(rate, RateLimitScope.POOL))
+    for rate, names in _by_rate(limits.pools, limits.pools if pools else ()).items():
+        held |= Q(pool__in=names) & Q(pool__in=_full(rate, RateLimitScope.POOL))
     shared = set(limits.jobs) - limits.keyed
     for rate, types in _by_rate(limits.jobs, shared).items():
         held |= Q(job_type__in=types) & Q(job_type__in=_full(rate, RateLimitScope.JOB))
@@ -180,6 +194,23 @@ def admit(
             for window in mine:
                 window.admit()
             chosen.append(row)
+    # Refused for a full window of a job's limit or a key's: held until it opens
+    # (storage.rateholds), out of the claims' way. Locked by this claim.
+    taken = {row["id"] for row in chosen}
+    refused = [
+        row["id"]
+        for row in rows
+        if row["id"] not in taken
+        and any(
+            not windows[(scope, name)].has_room()
+            for scope, name, _ in needs[row["id"]]
+            if scope != RateLimitScope.POOL
+        )
+    ]
+    if refused:
+        # Locked by the claim and pending when locked: by primary key alone, as
+        # claiming.mark_running explains.
+        runs().filter(pk__in=refused).update(hold=Hold.RATE)
     for key, window in windows.items():
         opens = window.opens_at()
         limit_rows().filter(pk=stored[key]["pk"]).update(
@@ -214,7 +245,7 @@ def _starts(row: dict[str, Any]) -> Any:
 
 
 def _locked_limits(keys: list[tuple[str, str]]) -> dict[tuple[str, str], dict[str, Any]]:
-    """The rows of the limits ``keys`` (sorted), made if missing, locked in that order.
+    """The rows of the limits ``keys``, made if missing, locked in id order.
 
     The existing rows are locked first, and the missing ones made by an upsert,
     which leaves each row locked for update whoever inserted it. (An insert that
@@ -226,7 +257,12 @@ def _locked_limits(keys: list[tuple[str, str]]) -> dict[tuple[str, str], dict[st
     table = limit_rows()
 
     def lock(wanted: list[tuple[str, str]]) -> dict[tuple[str, str], dict[str, Any]]:
-        rows = table.filter(_named(wanted)).order_by("scope", "name").select_for_update()
+        # Found without a lock, then locked by primary key alone, in id order: a
+        # locking read by name that the server plans as a scan of the (small)
+        # table locks every row it reads, other claims' limits too, and two such
+        # claims deadlocked.
+        ids = list(table.filter(_named(wanted)).values_list("pk", flat=True))
+        rows = table.filter(pk__in=ids).order_by("pk").select_for_update()
         return {
             (row["scope"], row["name"]): row
             for row in rows.values("pk", "scope", "name", starts_text=_STARTS_TEXT)
@@ -284,16 +320,30 @@ def next_open() -> float | None:
 
 
 def waiting(limits: Limits, pools: Sequence[str] | None = None) -> dict[str, int]:
-    """How many due runs of each pool wait for a full window of one of their limits, now."""
+    """How many due runs of each pool wait for a full window of one of their limits, now
+    (held for it, or not yet)."""
     if not limits:
         return {}
-    held = limited_runs(runs().due(pools), limits).filter(_held(limits))
-    return dict(held.order_by().values("pool").annotate(n=Count("id")).values_list("pool", "n"))
+    ready = limited_runs(runs().due(pools), limits).filter(_held(limits))
+    found = dict(ready.order_by().values("pool").annotate(n=Count("id")).values_list("pool", "n"))
+    # And those held out of the claim's way until their window opens (storage.rateholds).
+    held = runs().filter(status=Status.PENDING, hold=Hold.RATE)
+    if pools is not None:
+        held = held.filter(pool__in=pools)
+    for pool, n in held.order_by().values("pool").annotate(n=Count("id")).values_list("pool", "n"):
+        found[pool] = found.get(pool, 0) + n
+    return found
 
 
 def any_due(limits: Limits, pools: Sequence[str] | None = None) -> bool:
-    """Whether runs under one of ``limits`` (of ``pools``) are due, their windows aside."""
-    return bool(limits) and limited_runs(runs().due(pools), limits).exists()
+    """Whether runs under one of ``limits`` (of ``pools``) are due, their windows aside
+    (held for one included)."""
+    if not limits:
+        return False
+    if limited_runs(runs().due(pools), limits).exists():
+        return True
+    held = runs().filter(status=Status.PENDING, hold=Hold.RATE)
+    return bool((held if pools is None else held.filter(pool__in=pools)).exists())
 
 
 def after_claim(short: bool) -> None:
@@ -317,8 +367,8 @@ def prune_idle(limits: Limits, *, batch_size: int = 1000, dry_run: bool = False)
     run is under it. Deleting such a row changes nothing a claim decides: a claim
     that needs it makes it again, with the same empty window.
 
-    The rows are walked by id, in batches. Each batch's idle rows are locked in
-    (scope, name) order, the claims' order, skipping those a claim holds (they
+    The rows are walked by id, in batches. Each batch's idle rows are locked by
+    id in id order, the claims' order, skipping those a claim holds (they
     are in use), and checked again under the lock: a claim that admitted a run
     meanwhile has recorded its start. So retention never waits for a claim, and
     a claim waits for it for one batch at most.
@@ -338,10 +388,7 @@ def prune_idle(limits: Limits, *, batch_size: int = 1000, dry_run: bool = False)
             continue
         with transaction.atomic(using=using()):
             locked = list(
-                _rows()
-                .filter(pk__in=idle)
-                .order_by("scope", "name")
-                .select_for_update(skip_locked=True)
+                _rows().filter(pk__in=idle).order_by("pk").select_for_update(skip_locked=True)
             )
             now = _clock().timestamp()
             doomed = _unused(locked, [row["pk"] for row in locked if _idle(row, limits, now)])

@@ -160,3 +160,48 @@ def test_prunejobs_beside_working_workers_deletes_only_rows_that_hold_nothing(
     assert set(per_key.values()) == {2}
     assert not JobRateLimit.objects.filter(name__startswith="idle:").exists()
     assert JobRateLimit.objects.filter(scope="key").count() == 60
+
+
+def test_a_backlog_of_a_spent_limit_waits_held_through_a_kill(
+    start_worker: StartWorker,
+) -> None:
+    """tests.limited_per_key allows 2 starts an hour per customer: of 3 customers' 40
+    runs each, 2 start per customer, through a kill -9 and a new worker (a start
+    cut by the kill counts); the others wait held for their window, and the
+    pool's 200 plain runs all finish."""
+    import signal
+
+    from django.db.models import Sum
+
+    from django_jobs.models import Hold
+
+    limited = start_many("tests.limited_per_key", [{"customer": 1 + n % 3} for n in range(120)])
+    plain = start_many("tests.noop", [{}] * 200, pool="ratelimited")
+    args = ("--pool", "ratelimited", "--concurrency", "4")
+    first = start_worker(*args)
+    wait_until(lambda: JobRun.objects.filter(hold=Hold.RATE).exists(), timeout=60)
+    first.signal(signal.SIGKILL)
+    first.wait(timeout=10)
+    start_worker(*args)
+    ids = [run.pk for run in limited]
+    runs = JobRun.objects.filter(pk__in=ids)
+
+    def settled() -> bool:
+        # Finished: a run the kill cut, with no attempt left, failed when rescued.
+        plain_done = JobRun.objects.filter(
+            pk__in=[r.pk for r in plain], status__in=[Status.COMPLETED, Status.FAILED]
+        )
+        return (
+            plain_done.count() == 200
+            and not runs.filter(status=Status.RUNNING).exists()
+            and not runs.filter(status=Status.PENDING, hold=Hold.READY).exists()
+        )
+
+    wait_until(settled, timeout=120)
+    # Every start is a counted attempt: two per customer, neither more nor less.
+    starts = dict(
+        runs.order_by().values("rate_key").annotate(n=Sum("attempts")).values_list("rate_key", "n")
+    )
+    assert starts == {"customer:1": 2, "customer:2": 2, "customer:3": 2}
+    pending = runs.filter(status=Status.PENDING)
+    assert pending.count() == pending.filter(hold=Hold.RATE).count() >= 114
