@@ -652,7 +652,8 @@ class JobWorker:
                 next_sweep = time.monotonic() + self.heartbeat_interval
                 self._quietly(self._rescue)
                 self._quietly(self._poll_cancel_requests)
-                if self._quietly(upkeep.every_sweep, self.limits, all_handlers(), self.tick):
+                sweep = (self.pools, self.limits, all_handlers(), self.tick)
+                if self._quietly(upkeep.every_sweep, *sweep):
                     self._news()
             self._quietly(self._enforce_deadlines)
             if self._quietly(transitions.wake_sleepers):

@@ -9,8 +9,9 @@ the pool five to ten times slower to claim. So such a run is held
 * ``start()`` inserts a run held when its window is full at that moment;
 * the claim's admission holds the runs it refused for a full window
   (``ratelimits.admit``, in the claim's transaction, the rows locked);
-* ``hold_full()`` (the worker, every tick, while one of its limits' windows is
-  full) holds the other ready due runs under it, a batch at a time;
+* ``hold_full()`` (the worker, every heartbeat interval, while one of its
+  limits' windows is full) holds the other ready due runs under it: those that
+  were ready when their window filled;
 * ``release_open()`` (the worker, every tick) makes ready, for each window that
   was full and has opened since, as many of its held runs as it allows in a
   tick (first by priority, turn and age); the claim admits them, and holds

@@ -10,18 +10,23 @@ from . import holds, rateholds, turns
 
 
 def every_tick(pools: Sequence[str] | None, limits: Limits, tick: float) -> bool:
-    """Hold the ready runs of full groups and windows, give due runs a turn, release
-    the runs of windows that opened; whether runs became ready."""
+    """Hold the ready runs of full groups, give due runs a turn, release the runs of
+    windows that opened; whether runs became ready."""
     holds.hold_taken()
     ready = bool(turns.give_turns(pools))
     if limits:
-        rateholds.hold_full(limits, pools)
         ready = bool(rateholds.release_open(limits, tick)) or ready
     return ready
 
 
-def every_sweep(limits: Limits, job_types: Iterable[str], tick: float) -> bool:
-    """Release what a crash, or a cap or limit changed, left held; whether runs became
-    ready."""
+def every_sweep(
+    pools: Sequence[str] | None, limits: Limits, job_types: Iterable[str], tick: float
+) -> bool:
+    """Release what a crash, or a cap or limit changed, left held; hold the ready runs
+    of full windows (most are held at start or by the claim that refused them: this
+    reads the pool's ready runs, so not every tick); whether runs became ready."""
     ready = bool(holds.release_stranded())
-    return bool(rateholds.release_stranded(limits, job_types, tick)) or ready
+    ready = bool(rateholds.release_stranded(limits, job_types, tick)) or ready
+    if limits:
+        rateholds.hold_full(limits, pools)
+    return ready

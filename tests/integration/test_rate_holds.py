@@ -128,7 +128,7 @@ def test_held_runs_of_a_limit_since_removed_are_released_by_the_sweep() -> None:
     claim(HOURLY, pools=["default"])
     assert len(held()) == 2
     # Still full under the rate in force: the sweep leaves them.
-    assert upkeep.every_sweep(HOURLY, ["tests.limited"], 0.5) is False
+    assert upkeep.every_sweep(["default"], HOURLY, ["tests.limited"], 0.5) is False
     # The limit is gone from the code (or raised): released at once.
     assert rateholds.release_stranded(Limits(), ["tests.limited"], 0.5) == 2
     assert held() == set()
