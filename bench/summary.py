@@ -343,6 +343,7 @@ HELD_TARGET = 0.8
 HELD_BACKLOGS = {
     "key": "waiting for a taken concurrency key",
     "rate": "waiting for a full rate-limit window (1/m)",
+    "kind": "async, behind a full event loop (--async-concurrency 1)",
     "tenant": "of a tenant at its cap (TENANT_CONCURRENCY 1; claims under caps)",
     "later": "due tomorrow",
     "paused": "in a paused pool the worker serves",

@@ -444,6 +444,7 @@ def _template(
             handler.concurrency_limit if concurrency_limit is None else concurrency_limit
         ),
         max_attempts=handler.retry.attempts,
+        is_async=handler.is_async,
         idempotency_key=_idempotency_key(idempotency_key, scheduled),
         tags=_tags(tags),
         tenant_id=_text("tenant_id", tenant_id, 100),

@@ -198,6 +198,10 @@ class JobRun(models.Model):
     # a claim takes the lowest turns first, so tenants take turns. LATER while
     # the run is not due yet, until the worker gives it a turn when it is.
     turn = models.BigIntegerField(default=0, db_default=0, editable=False)
+    # Whether the run's handler is an ``async def`` (as the starting process knew
+    # it): a worker's event loop claims such runs, its threads the others, each
+    # from its own part of the claim's index, so neither reads past the other's.
+    is_async = models.BooleanField(default=False, db_default=False, editable=False)
     # The key of the run's job's rate limit, when the job declares rate_limit_key;
     # runs of other limited jobs share their job type's limit (see ratelimits).
     rate_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
@@ -277,14 +281,16 @@ class JobRun(models.Model):
         indexes = [
             # Serves the claim query (claims.claim_batch): only ready pending
             # rows are in it, so its size grows neither with history nor with
-            # runs held back (storage.holds). Priority, then turn (fairness
-            # across tenants, storage.turns), then age.
+            # runs held back (storage.holds). Per pool and kind (threads or
+            # event loop): priority, then turn (fairness across tenants,
+            # storage.turns), then age.
             models.Index(
                 "pool",
+                "is_async",
                 models.F("priority").desc(),
                 "turn",
                 "run_at",
-                name="django_jobs_run_claimable",
+                name="django_jobs_run_claim_kind",
                 condition=models.Q(status="pending", hold=""),
             ),
             # A tenant's last turn in a pool and priority (runs without a tenant

@@ -34,7 +34,7 @@ from .registry import all_handlers
 from .scheduler import Scheduler
 from .storage import leases, upkeep, vendors, workers
 from .storage import ratelimits as limited_runs
-from .storage.claiming import Claim, JobTypes, claim_batch
+from .storage.claiming import Claim, claim_batch
 from .storage.connections import discard_broken_connections
 from .storage.control import ControlConnection
 from .storage.notify import Listener, notify_pools
@@ -119,11 +119,6 @@ class JobWorker:
         self._in_flight: set[Attempt] = set()
         self._queue: queue.SimpleQueue[Attempt | None] = queue.SimpleQueue()
         self._async_running = 0  # of _in_flight, the runs on the event loop
-        # The job types claimed for the event loop: the async @jobs, and the
-        # async tasks met so far (a task's kind is known once its module is imported).
-        self._async_types = frozenset(
-            job_type for job_type, handler in all_handlers().items() if handler.is_async
-        )
         self._event_loop: EventLoop | None = None  # started by the first async run
         # The rate limits enforced at claim: every registered job's, and this
         # worker's pools' own.
@@ -372,41 +367,41 @@ class JobWorker:
         whether every claim came back short (nothing more is due for now); and
         whether each kind with free slots was claimed for.
 
-        Async runs are claimed by job type, up to the free async slots; the
-        threads claim every other type. A run claimed by the threads that turns
-        out to be async (a task not met before) goes to the event loop all the same.
-        A kind whose last claim came back short is claimed for again only when
-        something may have made runs of it due (a notification, a run of it
-        finished, a sleeper woken) or a poll interval has passed: each claim reads
-        past the due runs of the other kind, which may be many.
+        The event loop claims the runs of async handlers (``JobRun.is_async``), up
+        to the free async slots, and the threads the others, each from its own
+        part of the claim's index: neither reads past the other's backlog. A run
+        the threads claim that turns out to be async (started by a process that
+        did not know its handler was) goes to the event loop all the same. After
+        a short claim the loop is claimed for again only when something may have
+        made async runs due (a notification, an async run finished, a sleeper
+        woken) or a poll interval has passed: most workers never meet one.
+        Without async slots (``async_concurrency`` 0), the threads claim both.
         """
         free_threads, free_async = free
         left = math.inf if self.max_runs is None else self.max_runs - self.claimed
-        types = self._async_types if self.async_concurrency else frozenset()
+        loop = self.async_concurrency > 0
         batch: list[Claim] = []
         short = complete = True
-        if types and free_async and left > 0:
+        free_threads = int(min(free_threads, left))
+        if free_threads > 0:
+            # First: a notification wakes both kinds, and most runs are the threads'.
+            batch = self._claim_kind(THREADS, free_threads, False if loop else None)
+            short = len(batch) < free_threads
+        left -= len(batch)
+        if loop and free_async and left > 0:
             if self._worth_claiming(LOOP):
                 limit = int(min(_batch_size(free_async), left))
-                batch = self._claim_kind(LOOP, limit, (True, types))
-                short = len(batch) < limit
-            else:
-                complete = False
-        free_threads = int(min(free_threads, left - len(batch)))
-        if free_threads > 0:
-            if not types or self._worth_claiming(THREADS):
-                job_types = (False, types) if types else None
                 try:
-                    threads = self._claim_kind(THREADS, free_threads, job_types)
+                    on_loop = self._claim_kind(LOOP, limit, True)
                 except DatabaseError:
                     if not batch:
                         raise
-                    # The loop's claim committed: its runs must run, whatever this one did.
+                    # The threads' claim committed: its runs must run, whatever this one did.
                     logger.warning("worker=%s claim failed", self.worker_id, exc_info=True)
                     discard_broken_connections()
                     return batch, False, False
-                batch += threads
-                short = short and len(threads) < free_threads
+                batch += on_loop
+                short = short and len(on_loop) < limit
             else:
                 complete = False
         return batch, short, complete
@@ -418,14 +413,14 @@ class JobWorker:
             or time.monotonic() - self._claimed_at[kind] >= self.poll_interval
         )
 
-    def _claim_kind(self, kind: str, limit: int, job_types: JobTypes | None) -> list[Claim]:
+    def _claim_kind(self, kind: str, limit: int, is_async: bool | None) -> list[Claim]:
         self._recheck[kind] = False
         claims = claim_batch(
             self.worker_id,  # type: ignore[arg-type]
             self.pools,
             limit,
             plan=self._plan[kind],
-            job_types=job_types,
+            kind=is_async,
             limits=self.limits,
         )
         now = self._claimed_at[kind] = time.monotonic()
@@ -447,16 +442,12 @@ class JobWorker:
     def _wait_for_free_slots(self) -> tuple[int, int]:
         """Block until a thread or an async slot is free and worth claiming for (or the
         worker stops); return how many runs may be claimed for each."""
-        async_types = bool(self.async_concurrency and self._async_types)
         with self._slots:
             while not self.stopping.is_set():
                 threads, loop = self._free()
-                loop = loop if async_types else 0
-                # Without async types, the threads claim whenever one is free, as
-                # their claim reads past nothing (see _claim).
-                if (threads and (not async_types or self._worth_claiming(THREADS))) or (
-                    loop and self._worth_claiming(LOOP)
-                ):
+                # The threads claim whenever one is free, as their claim reads past
+                # nothing (see _claim); the loop when its claim is worth making.
+                if threads or (loop and self._worth_claiming(LOOP)):
                     break
                 # Until a slot frees, news comes, or a free kind's poll interval is up.
                 now = time.monotonic()
@@ -467,8 +458,6 @@ class JobWorker:
                 ]
                 self._slots.wait(timeout=max(0.001, min(polls, default=self.poll_interval)))
             threads, loop = self._free()
-        if not async_types:
-            loop = 0
         return (0, 0) if self.stopping.is_set() else (threads, loop)
 
     def _free(self) -> tuple[int, int]:
@@ -537,9 +526,6 @@ class JobWorker:
             self._async_running += len(on_loop)
         self.claimed += len(batch)
         if on_loop:
-            new = {a.claim.job_type for a in on_loop} - self._async_types
-            if new:
-                self._async_types |= new  # claimed for the loop from now on
             if self._event_loop is None:
                 self._event_loop = EventLoop(
                     self._completer, self.hard_stop, self._async_done, self.database_threads

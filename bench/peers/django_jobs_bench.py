@@ -266,11 +266,13 @@ def measure_ratelimit(args: argparse.Namespace) -> dict[str, Any]:
 # The held case's backlogs: what each adds beside the drain (None: nothing, the
 # reference; "stale": nothing, but the statistics taken while one run was pending;
 # "one_tenant" and "tenants": nothing, the drained runs all of one tenant, or of
-# 1,000 tenants, 20 each). Then the fair turns (_fair).
+# 1,000 tenants, 20 each; "kind": async runs behind a full event loop). Then the
+# fair turns (_fair).
 HELD_BACKLOGS = (
     "none",
     "key",
     "rate",
+    "kind",
     "tenant",
     "later",
     "paused",
@@ -288,10 +290,11 @@ def measure_held(args: argparse.Namespace) -> dict[str, Any]:
     """N no-op runs drained by one worker beside each backlog of ``--held-runs`` runs
     the claim cannot take, each in a fresh database: runs waiting for a concurrency
     key that a running ``bench.hold`` run holds (started while it does), runs due
-    tomorrow, runs of a paused pool the worker also serves, or runs of a tenant
+    tomorrow, runs of a paused pool the worker also serves, runs of a tenant
     at its cap (``TENANT_CONCURRENCY`` 1, which a running ``bench.hold`` run of
-    the tenant fills: the worker claims under caps); and beside no backlog, the
-    reference. The ``bench.hold`` run takes one of the worker's threads in every
+    the tenant fills: the worker claims under caps), or async runs while the
+    worker's one async slot (``--async-concurrency 1``) is taken by a running
+    ``bench.ahold``; and beside no backlog, the reference. The ``bench.hold`` run takes one of the worker's threads in every
     backlog alike. Statistics are fresh (ANALYZE after the enqueue), as in drain1,
     but for "stale": no backlog, and the statistics taken while one run was
     pending, automatic ones turned off (a burst after an idle spell)."""
@@ -328,6 +331,9 @@ def measure_held(args: argparse.Namespace) -> dict[str, Any]:
         caps = override_settings(DJANGO_JOBS={**settings.DJANGO_JOBS, "TENANT_CONCURRENCY": 1})
         if name == "rate":
             env = {"BENCH_RATE_LIMIT": HELD_RATE}
+        if name == "kind":
+            env = {"BENCH_ASYNC_HOLD": "1"}
+            cmd += ["--async-concurrency", "1"]
         unfair = name == "tenants_unfair"
         if unfair:
             env = {"BENCH_FAIR_TURNS": "0"}
@@ -346,6 +352,8 @@ def measure_held(args: argparse.Namespace) -> dict[str, Any]:
                 start_many("bench.noop", [{}] * backlog, concurrency_key="busy")
             elif name == "rate":
                 _limited_backlog(backlog, workers)
+            elif name == "kind":
+                async_holder = _async_backlog(backlog, workers)
             elif name == "later":
                 start_many("bench.noop", [{}] * backlog, delay=86400)
             elif name == "paused":
@@ -374,9 +382,15 @@ def measure_held(args: argparse.Namespace) -> dict[str, Any]:
             if name in ("key", "tenant", "rate"):
                 held = JobRun.objects.filter(hold=name).count()
                 record[f"{name}_held_at_end"] = held
+            if name == "kind":
+                record["kind_left_at_end"] = JobRun.objects.filter(
+                    job_type="bench.anoop", status="pending"
+                ).count()
             # The backlog goes first, so that the holder's end releases nothing.
-            JobRun.objects.filter(pk__gt=holder.pk, pk__lte=base).delete()
+            JobRun.objects.filter(pk__gt=holder.pk, pk__lte=base, status="pending").delete()
             cancel(holder.pk)
+            if name == "kind":
+                cancel(async_holder)
     for name in backlogs[1:]:
         ratio = record[f"{name}_per_s"] / record["none_per_s"]
         record[f"{name}_x"] = round(ratio, 3)
@@ -405,6 +419,34 @@ def _limited_backlog(backlog: int, workers: Any) -> None:
         workers.check_alive("waiting for the first bench.limited run")
         time.sleep(0.05)
     start_many("bench.limited", [{}] * backlog)
+
+
+def _async_backlog(backlog: int, workers: Any) -> int:
+    """A running ``bench.ahold`` (the worker's one async slot taken), then ``backlog``
+    async no-ops behind it; the holder's id. Registered here as the worker
+    registers them (BENCH_ASYNC_HOLD)."""
+    from django_jobs import job, start, start_many
+    from django_jobs.exceptions import UnknownJobType
+    from django_jobs.models import JobRun
+    from django_jobs.registry import get_handler
+
+    async def nothing(ctx: Any) -> None:
+        return None
+
+    for job_type in ("bench.ahold", "bench.anoop"):
+        try:
+            get_handler(job_type)
+        except UnknownJobType:
+            job(job_type)(nothing)
+    holder = start("bench.ahold", {})
+    deadline = time.monotonic() + 60
+    while JobRun.objects.get(pk=holder.pk).status != "running":
+        if time.monotonic() > deadline:
+            raise TimeoutError("the bench.ahold run did not start")
+        workers.check_alive("waiting for bench.ahold to start")
+        time.sleep(0.05)
+    start_many("bench.anoop", [{}] * backlog)
+    return holder.pk
 
 
 def _fair(args: argparse.Namespace, cmd: list[str]) -> dict[str, Any]:

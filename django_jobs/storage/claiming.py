@@ -53,17 +53,13 @@ from .reading import Claim as Claim
 logger = logging.getLogger(__name__)
 
 
-# (True, types): only runs of these job types; (False, types): none of them.
-JobTypes = tuple[bool, frozenset[str]]
-
-
 def claim_batch(
     worker_id: uuid.UUID,
     pools: Sequence[str] | None,
     limit: int,
     *,
     plan: int = 0,
-    job_types: JobTypes | None = None,
+    kind: bool | None = None,
     limits: Limits | None = None,
 ) -> list[Claim]:
     """Claim up to ``limit`` due runs of ``pools`` (all pools when None) for this worker.
@@ -72,9 +68,9 @@ def claim_batch(
     take turns), then the oldest ``run_at``, runs under the rate
     ``limits`` and the others alike; without ``limits`` no limit is enforced.
     Where the database claims in one statement, a new ``plan`` number makes the
-    server plan it afresh. ``job_types`` limits the claim to some job types or
-    excludes them (a worker's event loop claims its async types, its threads the
-    others).
+    server plan it afresh. ``kind`` limits the claim to the runs of async handlers
+    (True: a worker's event loop claims them) or to the others (False: its
+    threads); None claims both.
 
     A run under a limit whose window is known to be full is not picked. The
     others under a limit are admitted as their windows allow
@@ -90,9 +86,7 @@ def claim_batch(
     limits = limits or None
     left = Left()
     claims = _guarded(
-        functools.partial(
-            _claim, worker_id, pools, limit, plan, job_types, limits=limits, left=left
-        ),
+        functools.partial(_claim, worker_id, pools, limit, plan, kind, limits=limits, left=left),
         recovered,
     )
     if limits is None:
@@ -103,7 +97,7 @@ def claim_batch(
             more, left.refused = limit - len(claims), 0
             claims += _guarded(
                 functools.partial(
-                    _claim, worker_id, pools, more, plan, job_types, limits=limits, left=left
+                    _claim, worker_id, pools, more, plan, kind, limits=limits, left=left
                 ),
                 [],
             )
@@ -148,20 +142,18 @@ def _claim(
     pools: Sequence[str] | None,
     limit: int,
     plan: int,
-    job_types: JobTypes | None,
+    kind: bool | None,
     token: uuid.UUID,
     limits: Limits | None = None,
     left: Left | None = None,
 ) -> list[Claim]:
     admit = None if limits is None else _admission(limits, worker_id, token, left or Left())
     try:
-        claims = _claim_in_one_statement(
-            worker_id, pools, limit, plan, job_types, token, limits, left
-        )
+        claims = _claim_in_one_statement(worker_id, pools, limit, plan, kind, token, limits, left)
         if claims is not None:
             return claims
         return claim_two_statements(
-            worker_id, _picks(pools, job_types, limits), limit, token, admit=admit
+            worker_id, _picks(pools, kind, limits), limit, token, admit=admit
         )
     except (IntegrityError, DataError):
         # The unique index refused a second running run of one key: a claim that
@@ -172,19 +164,19 @@ def _claim(
         logger.debug("claim refused by an integrity constraint; claiming again", exc_info=True)
         try:
             return claim_two_statements(
-                worker_id, _picks(pools, job_types, limits), limit, token, admit=admit
+                worker_id, _picks(pools, kind, limits), limit, token, admit=admit
             )
         except IntegrityError:
             logger.warning("claim refused by an integrity constraint; retrying", exc_info=True)
             return []
 
 
-def _picks(pools: Sequence[str] | None, job_types: JobTypes | None, limits: Limits | None) -> Any:
-    """What a claim in several statements picks from: the candidates of each pool
-    (several picks are merged in claim order). Runs under a limit and the others
-    are picked together: those of a full window are held out of the claim's index
-    (``storage.rateholds``), so a pick reads none of them."""
-    sets = candidate_sets(pools, locked=False, job_types=job_types, limits=limits)
+def _picks(pools: Sequence[str] | None, kind: bool | None, limits: Limits | None) -> Any:
+    """What a claim in several statements picks from: the candidates of each pool and
+    kind (several picks are merged in claim order). Runs under a limit and the
+    others are picked together: those of a full window are held out of the
+    claim's index (``storage.rateholds``), so a pick reads none of them."""
+    sets = candidate_sets(pools, locked=False, kind=kind, limits=limits)
     return sets[0] if len(sets) == 1 else tuple(sets)
 
 
@@ -253,44 +245,47 @@ def _recover() -> list[Claim]:
     return [claim_of(row, row["lease_token"]) for row in rows]
 
 
-def candidate_sets(pools: Sequence[str] | None, **options: Any) -> list[Any]:
-    """The candidates of a claim, a queryset per pool when it claims for several.
+def candidate_sets(
+    pools: Sequence[str] | None, *, kind: bool | None = None, **options: Any
+) -> list[Any]:
+    """The candidates of a claim, a queryset per pool and kind when it claims for
+    several.
 
-    The claim's index leads with the pool, so the runs of one pool come from it
-    in claim order and a claim reads the few it takes. Over several pools, one
-    query would read every due run of them all to sort them (a paused pool's
-    included): each pool is read apart, and the picks merged in claim order.
+    The claim's index leads with the pool, then the kind, so the runs of one pool
+    and kind come from it in claim order and a claim reads the few it takes. Over
+    several pools (or both kinds), one query would read every due run of them all
+    to sort them (a paused pool's included, or a deep backlog of the other kind):
+    each is read apart, and the picks merged in claim order. Without pools (every
+    pool), one query.
     """
-    if pools is None or len(set(pools)) <= 1:
-        return [candidates(pools, **options)]
-    return [candidates([pool], **options) for pool in sorted(set(pools))]
+    if pools is None:
+        return [candidates(None, kind=kind, **options)]
+    kinds = (False, True) if kind is None else (kind,)
+    return [
+        candidates([pool], kind=each, **options) for pool in sorted(set(pools)) for each in kinds
+    ]
 
 
 def candidates(
     pools: Sequence[str] | None,
     *,
     locked: bool = True,
-    job_types: JobTypes | None = None,
+    kind: bool | None = None,
     limits: Limits | None = None,
 ) -> Any:
-    """Due runs of ``pools`` (of ``job_types``) that may be claimed now, in claim
-    order, locked as read (unless not ``locked``); without the runs under one of
-    the rate ``limits`` whose window is known to be full."""
+    """Due runs of ``pools`` (of the ``kind``, when given) that may be claimed now, in
+    claim order, locked as read (unless not ``locked``); without the runs under
+    one of the rate ``limits`` whose window is known to be full."""
     due = runs().due(pools)
     skipped = passed_over()
     if skipped:
         due = due.exclude(pk__in=skipped)
     if limits:
         due = ratelimits.claimable(due, limits)
-    if job_types is not None:
-        only, types = job_types
-        # Read past in the claim index, as runs of a busy key are: a pool whose
-        # head is a deep backlog of the other kind costs each claim that read.
-        due = (
-            due.filter(job_type__in=sorted(types))
-            if only
-            else due.exclude(job_type__in=sorted(types))
-        )
+    if kind is not None:
+        # A range of the claim's index of its own: a deep backlog of the other
+        # kind (an event loop at its limit) is not read past.
+        due = due.filter(is_async=kind)
     # Runs of a paused pool stay pending. The subquery is part of the statement,
     # so a pause takes effect at every worker's next claim, with no cache to expire.
     paused = JobPool.objects.using(using()).filter(paused_at__isnull=False)
@@ -312,8 +307,9 @@ def candidates(
     # instead of waited for, so claimers never queue behind each other and
     # never both get one row. The filter and order (priority, then the turns
     # that tenants take, storage.turns, then age) match the partial index
-    # django_jobs_run_claimable (ready pending runs), so the cost grows neither
-    # with finished history nor with runs held for their key (storage.holds).
+    # django_jobs_run_claim_kind (ready pending runs by pool and kind), so the
+    # cost grows neither with finished history nor with runs held for their key
+    # (storage.holds), nor with the other kind's backlog.
     due = due.order_by("-priority", "turn", "run_at")
     return due.select_for_update(skip_locked=True) if locked else due
 
@@ -327,7 +323,7 @@ def _claim_in_one_statement(
     pools: Sequence[str] | None,
     limit: int,
     plan: int,
-    job_types: JobTypes | None,
+    kind: bool | None,
     token: uuid.UUID,
     limits: Limits | None,
     left: Left | None,
@@ -342,7 +338,7 @@ def _claim_in_one_statement(
 
     def picked() -> list[Any]:
         sets = []
-        for rows in candidate_sets(pools, job_types=job_types, limits=limits):
+        for rows in candidate_sets(pools, kind=kind, limits=limits):
             if limits is not None:
                 under = ratelimits.under_a_limit(limits)
                 rows = rows.annotate(deferred=ExpressionWrapper(under, output_field=BooleanField()))
@@ -356,7 +352,7 @@ def _claim_in_one_statement(
         (
             (
                 None if pools is None else tuple(pools),
-                job_types,
+                kind,
                 limits and limits.signature(),
                 tuple(passed_over()),
                 caps,

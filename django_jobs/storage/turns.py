@@ -1,12 +1,12 @@
 """Fair turns: the order in which claims take the ready runs of one pool and priority.
 
 A claim takes the highest priority first, then the lowest ``JobRun.turn``, then
-the oldest ``run_at`` (the claim's index, ``django_jobs_run_claimable``, is in
-that order). Turns are start-time fair queueing over tenants, runs without a
-tenant being one more group:
+the oldest ``run_at`` (the claim's index, ``django_jobs_run_claim_kind``, is in
+that order for each pool and kind: threads or event loop). Turns are start-time
+fair queueing over tenants, runs without a tenant being one more group:
 
-* a new run's turn is the turn at the head of its pool and priority (the lowest
-  turn of their ready runs), or one past the last turn of its tenant's ready
+* a new run's turn is the turn at the head of its pool, kind and priority (the
+  lowest turn of their ready runs), or one past the last turn of its tenant's ready
   runs there when that is later; ``start_many()``'s runs take consecutive
   turns from there;
 * so a tenant that starts 100,000 runs spreads them over 100,000 turns, and a
@@ -35,7 +35,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import BigIntegerField, Case, Value, When
+from django.db.models import BigIntegerField, Case, F, Value, When
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -60,7 +60,9 @@ def assign(template: JobRun) -> None:
     elif not fair:
         template.turn = 0
     else:
-        template.turn = _first(template.pool, template.priority, template.tenant_id)
+        template.turn = _first(
+            template.pool, template.is_async, template.priority, template.tenant_id
+        )
 
 
 def later() -> int:
@@ -80,9 +82,10 @@ def _capped(turn: int, n: int) -> int:
     return turn if turn >= LATER else min(turn + n, LATER - 1)
 
 
-def _first(pool: str, priority: int, tenant_id: str | None) -> int:
-    """The first turn a new run of ``tenant_id`` in ``pool`` at ``priority`` takes."""
-    head, last = _head_and_last(pool, priority, tenant_id)
+def _first(pool: str, is_async: bool, priority: int, tenant_id: str | None) -> int:
+    """The first turn a new run of ``tenant_id`` in ``pool`` (of the kind ``is_async``)
+    at ``priority`` takes."""
+    head, last = _head_and_last(pool, is_async, priority, tenant_id)
     return max(head or 0, 0 if last is None else _capped(last, 1))
 
 
@@ -90,25 +93,33 @@ def _ready(pool: str) -> Any:
     return runs().filter(pool=pool, status=Status.PENDING, hold=Hold.READY, turn__lt=LATER)
 
 
-def _head_and_last(pool: str, priority: int, tenant_id: str | None) -> tuple[Any, Any]:
-    """The lowest turn of the ready runs of ``pool`` at ``priority``, and the highest of
-    the tenant's among them (None where there is none), in one query."""
+def _head_and_last(
+    pool: str, is_async: bool, priority: int, tenant_id: str | None
+) -> tuple[Any, Any]:
+    """The lowest turn of the ready runs of ``pool`` of a kind at ``priority``, and the
+    highest of the tenant's ready runs there, either kind (None where there is none),
+    in one query."""
     with connections[using()].cursor() as cursor:
-        cursor.execute(*turn_query(pool, priority, tenant_id))
+        cursor.execute(*turn_query(pool, is_async, priority, tenant_id))
         row = cursor.fetchone()
     return (None, None) if row is None else (row[0], row[1])
 
 
-def turn_query(pool: str, priority: int, tenant_id: str | None) -> tuple[str, list[Any]]:
+def turn_query(
+    pool: str, is_async: bool, priority: int, tenant_id: str | None
+) -> tuple[str, list[Any]]:
     """The query of ``_head_and_last``: two probes of an index each (the claim's, in
     turn order, and ``django_jobs_run_turns``), as a statement and its parameters."""
     connection = connections[using()]
-    head = _ready(pool).filter(priority=priority).order_by("turn").values("turn")[:1]
+    head = _ready(pool).filter(is_async=is_async, priority=priority)
+    head = head.order_by("turn").values("turn")[:1]
     head_sql, head_params = head.query.sql_with_params()
     found = vendors.of(connection).last_turn(connection, pool, priority, tenant_id)
     if found is None:
         last = _ready(pool).filter(priority=priority, tenant_id=tenant_id)
-        last = last.order_by("-turn").values("turn")[:1]
+        # In the turns index's order, read backwards (the tenant first, so that
+        # PostgreSQL reads ``tenant_id IS NULL`` in index order too, not sorted).
+        last = last.order_by(F("tenant_id").desc(nulls_first=True), "-turn").values("turn")[:1]
         found = last.query.sql_with_params()
     last_sql, last_params = found
     return f"SELECT ({head_sql}), ({last_sql})", [*head_params, *last_params]
@@ -119,10 +130,11 @@ def give_turns(pools: Iterable[str] | None = None, limit: int = _PER_PASS) -> in
     still wait for one (``LATER``), oldest first, up to ``limit``; how many."""
     given = 0
     for pool in sorted(set(pools)) if pools is not None else _pools():
-        for priority in _priorities(pool):
-            given += _give(pool, priority, limit - given)
-            if given >= limit:
-                return given
+        for is_async in (False, True):
+            for priority in _priorities(pool, is_async):
+                given += _give(pool, is_async, priority, limit - given)
+                if given >= limit:
+                    return given
     return given
 
 
@@ -132,10 +144,10 @@ def _pools() -> list[str]:
     return sorted(set(waiting.order_by().values_list("pool", flat=True).distinct()[:1000]))
 
 
-def _priorities(pool: str) -> list[int]:
-    """The distinct priorities of the ready runs of ``pool``, highest first: one probe of
-    the claim index each."""
-    ready = runs().filter(pool=pool, status=Status.PENDING, hold=Hold.READY)
+def _priorities(pool: str, is_async: bool) -> list[int]:
+    """The distinct priorities of the ready runs of ``pool`` of a kind, highest first:
+    one probe of the claim index each."""
+    ready = runs().filter(pool=pool, is_async=is_async, status=Status.PENDING, hold=Hold.READY)
     found: list[int] = []
     probe = ready
     while len(found) < _PRIORITIES:
@@ -147,12 +159,14 @@ def _priorities(pool: str) -> list[int]:
     return found
 
 
-def _give(pool: str, priority: int, limit: int) -> int:
-    """Give turns to up to ``limit`` due ``LATER`` runs of ``pool`` at ``priority``."""
+def _give(pool: str, is_async: bool, priority: int, limit: int) -> int:
+    """Give turns to up to ``limit`` due ``LATER`` runs of ``pool`` of a kind at
+    ``priority``."""
     if limit <= 0:
         return 0
     due = runs().filter(
         pool=pool,
+        is_async=is_async,
         priority=priority,
         status=Status.PENDING,
         hold=Hold.READY,
@@ -181,7 +195,7 @@ def _give(pool: str, priority: int, limit: int) -> int:
             by_tenant.setdefault(row["tenant_id"], []).append(row["id"])
         fair = conf.get().FAIR_TURNS
         for tenant_id, tenant_ids in by_tenant.items():
-            first = _first(pool, priority, tenant_id) if fair else 0
+            first = _first(pool, is_async, priority, tenant_id) if fair else 0
             whens = [
                 When(pk=run_id, then=Value(_capped(first, n) if fair else 0))
                 for n, run_id in enumerate(tenant_ids)

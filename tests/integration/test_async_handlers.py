@@ -178,16 +178,16 @@ class TestOnTheEventLoop:
         assert JobRun.objects.filter(parent=parent).count() == 3
         assert refreshed(failing).output == "ChildRunFailed"
 
-    def test_the_loops_claim_runs_even_when_the_threads_claim_after_it_fails(
+    def test_the_threads_claim_runs_even_when_the_loops_claim_after_it_fails(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        runs = start_many("tests.async_echo", [{"i": i} for i in range(5)])
+        sync_runs = start_many("tests.record", [{}] * 5)
+        async_runs = start_many("tests.async_echo", [{"i": i} for i in range(5)])
         real = worker_module.claim_batch
         failed: list[bool] = []
 
         def flaky(*args: Any, **kwargs: Any) -> list[Claim]:
-            job_types = kwargs.get("job_types")
-            if job_types is not None and not job_types[0] and not failed:
+            if kwargs.get("kind") is True and not failed:
                 failed.append(True)
                 raise OperationalError("server closed the connection unexpectedly")
             return real(*args, **kwargs)
@@ -196,5 +196,5 @@ class TestOnTheEventLoop:
         worker = JobWorker(["default"], concurrency=1, burst=True, poll_interval=0.05)
         assert worker.run() == EXIT_OK
         assert failed == [True]
-        assert {refreshed(run).status for run in runs} == {Status.COMPLETED}
-        assert worker.claimed == 5
+        assert {refreshed(run).status for run in sync_runs + async_runs} == {Status.COMPLETED}
+        assert worker.claimed == 10

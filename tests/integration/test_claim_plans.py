@@ -46,8 +46,7 @@ def test_the_worker_plans_its_claim_afresh_when_runs_come_after_an_idle_spell(
 
     def recording(*args: Any, plan: int = 0, **kwargs: Any) -> list[Claim]:
         batch = real(*args, plan=plan, **kwargs)
-        job_types = kwargs.get("job_types")
-        if job_types is None or not job_types[0]:  # the threads' (each kind has its plans)
+        if not kwargs.get("kind"):  # the threads' (each kind has its plans)
             seen.append((plan, len(batch)))
         return batch
 

@@ -88,13 +88,15 @@ def record_statements(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
 
 @pytest.mark.postgresql("EXPLAIN ANALYZE of the one-statement claim")
 @pytest.mark.parametrize("limited", [False, True], ids=["plain", "under rate limits"])
+@pytest.mark.parametrize("kind", [False, None], ids=["threads", "both kinds"])
 @pytest.mark.usefixtures("worst_statistics")
 def test_postgresql_plans_read_what_they_take(
-    monkeypatch: pytest.MonkeyPatch, limited: bool
+    monkeypatch: pytest.MonkeyPatch, limited: bool, kind: bool | None
 ) -> None:
     seen = record_statements(monkeypatch)
     limits = Limits({"tests.other": Rate(1, 60.0)}) if limited else None
-    claims = claiming.claim_batch(WorkerFactory().pk, ["default"], BATCH, limits=limits)
+    worker = WorkerFactory().pk
+    claims = claiming.claim_batch(worker, ["default"], BATCH, kind=kind, limits=limits)
     assert len(claims) == BATCH
     (claim,) = [(sql, params) for sql, params in seen if "django_jobs claim" in sql]
     assert _explained(*claim) < BUDGET
@@ -110,8 +112,8 @@ def test_postgresql_plans_read_what_they_take(
 def test_postgresql_a_start_reads_its_turn_from_the_indexes() -> None:
     # The 20,000 queued runs are of no tenant: the head and the last turn of that
     # group are both among them.
-    assert _explained(*turns.turn_query("default", 0, None)) < BUDGET
-    assert _explained(*turns.turn_query("default", 0, "other")) < BUDGET
+    assert _explained(*turns.turn_query("default", False, 0, None)) < BUDGET
+    assert _explained(*turns.turn_query("default", False, 0, "other")) < BUDGET
 
 
 def _handler_reads() -> int:
@@ -120,13 +122,14 @@ def _handler_reads() -> int:
         return sum(int(value) for _, value in cursor.fetchall())
 
 
+@pytest.mark.parametrize("kind", [False, None], ids=["threads", "both kinds"])
 @pytest.mark.usefixtures("worst_statistics")
-def test_mysql_claims_and_completions_read_what_they_take() -> None:
+def test_mysql_claims_and_completions_read_what_they_take(kind: bool | None) -> None:
     if connection.vendor != "mysql":
         pytest.skip("MySQL and MariaDB count the rows a session read (Handler_read_*)")
     worker = WorkerFactory().pk
     before = _handler_reads()
-    claims = claiming.claim_batch(worker, ["default"], BATCH)
+    claims = claiming.claim_batch(worker, ["default"], BATCH, kind=kind)
     assert len(claims) == BATCH
     claimed = _handler_reads()
     assert claimed - before < BUDGET
@@ -135,5 +138,5 @@ def test_mysql_claims_and_completions_read_what_they_take() -> None:
     assert completed - claimed < BUDGET
     # The turn a start takes: two probes of an index each.
     with connection.cursor() as cursor:
-        cursor.execute(*turns.turn_query("default", 0, None))
+        cursor.execute(*turns.turn_query("default", False, 0, None))
     assert _handler_reads() - completed < BUDGET

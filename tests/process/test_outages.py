@@ -14,7 +14,7 @@ import pytest
 from django.db import connection
 
 from django_jobs import start_many
-from django_jobs.models import JobRun, JobStep, Status
+from django_jobs.models import JobRun, JobStep, Status, Worker, WorkerStatus
 from tests.helpers import terminate_other_connections, wait_until
 from tests.process.faults import (
     StartWorker,
@@ -33,7 +33,11 @@ def test_killed_connections_lose_no_run_and_repeat_no_recorded_step(
 ) -> None:
     start_many("tests.chaos", [{"pause": 0.05} for _ in range(RUNS)])
     workers = [start_worker("--pool", "default", "--concurrency", "4") for _ in range(2)]
-    wait_until(lambda: JobStep.objects.exists(), timeout=30)
+    # Both running (their Worker rows written) before the first outage: this is
+    # about running workers. (A connection killed while a worker starts, after
+    # its wait for the database, ends that start with a database error.)
+    running = Worker.objects.filter(status=WorkerStatus.RUNNING)
+    wait_until(lambda: running.count() == 2 and JobStep.objects.exists(), timeout=30)
     terminated = 0
     for _ in range(OUTAGES):
         terminated += terminate_other_connections()

@@ -1,6 +1,6 @@
 """The benchmark's handlers: a no-op, a three-step run, a latency probe, the io
 case's async run (0.1 s of simulated I/O), the ratelimit case's rate-limited no-op
-and the held case's long run that keeps its concurrency key taken."""
+and the held case's long runs that keep a concurrency key (or the event loop) taken."""
 
 from __future__ import annotations
 
@@ -61,4 +61,21 @@ if os.environ.get("BENCH_RATE_LIMIT"):
 
     @job("bench.limited", rate_limit=os.environ["BENCH_RATE_LIMIT"])
     def limited(ctx: JobContext) -> None:
+        return None
+
+
+# The held case's "kind" backlog (BENCH_ASYNC_HOLD=1, set by
+# bench/peers/django_jobs_bench.py): an async run that keeps a worker's one async
+# slot taken until canceled, and the async no-op of the backlog behind it.
+if os.environ.get("BENCH_ASYNC_HOLD") == "1":
+
+    @job("bench.ahold")
+    async def ahold(ctx: JobContext) -> None:
+        deadline = time.monotonic() + ctx.input.get("seconds", 3600)
+        while time.monotonic() < deadline:
+            ctx.check_cancel()
+            await asyncio.sleep(0.05)
+
+    @job("bench.anoop")
+    async def anoop(ctx: JobContext) -> None:
         return None

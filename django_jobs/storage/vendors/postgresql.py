@@ -225,10 +225,11 @@ class PostgreSQL(Vendor):
         ]
 
     def prepare_control(self, connection: BaseDatabaseWrapper, seconds: float) -> None:
-        """Bound lock waits, and no JIT compilation: a claim for one kind of run
-        (async job types, or all but them) is costed as if it read past the whole
-        pending index when the other kind fills it, which is past ``jit_above_cost``,
-        so every execution was compiled (about 20 ms, for a statement of 1)."""
+        """Bound lock waits, and no JIT compilation: a claim statement over a deep
+        pending index can be costed past ``jit_above_cost`` (a claim for one kind
+        of run read past the other's backlog before the claim's index had the
+        kind), and then every execution was compiled (about 20 ms, for a
+        statement of 1)."""
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT set_config('lock_timeout', %s, false), set_config('jit', 'off', false)",
