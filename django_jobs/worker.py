@@ -24,17 +24,18 @@ from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
 
-from . import conf, ratelimits, transitions, watchman
+from . import conf, overdue, ratelimits, transitions, watchman
 from .attempt import Attempt
+from .claimer import Claimer
 from .completer import Completer
 from .eventloop import DATABASE_THREADS, EventLoop
-from .execution import Outcome, canceled, execute, log_outcome, record, record_handed_off, timed_out
+from .execution import Outcome, execute, record_handed_off
 from .models import WorkerStatus
 from .registry import all_handlers
 from .scheduler import Scheduler
-from .storage import leases, upkeep, vendors, workers
 from .storage import ratelimits as limited_runs
-from .storage.claiming import Claim, claim_batch
+from .storage import upkeep, vendors, workers
+from .storage.claiming import Claim
 from .storage.connections import discard_broken_connections
 from .storage.control import ControlConnection
 from .storage.notify import Listener, notify_pools
@@ -45,13 +46,8 @@ T = TypeVar("T")
 
 EXIT_OK = 0
 EXIT_RELEASED = 1  # the drain ran out of time (or a second signal came): runs were released
-REPLAN = 60.0  # seconds a claim's server-side plan is kept at most
 # Async runs a worker runs at once on its event loop unless told (see docs/decisions.md).
 DEFAULT_ASYNC_CONCURRENCY = 100
-# The two kinds of slot a worker claims for: its threads and its event loop.
-THREADS, LOOP = "threads", "loop"
-# The most runs one claim takes for the event loop.
-MAX_LOOP_BATCH = 512
 
 
 class JobWorker:
@@ -123,15 +119,8 @@ class JobWorker:
         # The rate limits enforced at claim: every registered job's, and this
         # worker's pools' own.
         self.limits = ratelimits.in_force(all_handlers(), self.pools)
-        # Per kind of slot, THREADS and LOOP: whether its next claim may find runs
-        # its last one did not (a notification, a run of its kind finished), whether
-        # that claim was full, and when it was made (see _claim).
-        self._recheck = {THREADS: True, LOOP: True}
-        self._was_full = {THREADS: False, LOOP: False}
-        self._claimed_at = {THREADS: 0.0, LOOP: 0.0}
-        self._was_empty = {THREADS: True, LOOP: True}
-        self._plan = {THREADS: 0, LOOP: 0}
-        self._planned_at = {THREADS: time.monotonic(), LOOP: time.monotonic()}
+        # What to claim for the threads and the event loop, and when (claimer.py).
+        self._claimer = Claimer(self.pools, self.limits, async_concurrency, poll_interval)
         self.claimed = 0
         self.finished = 0
         # Created by run(): the connection the control threads share.
@@ -265,7 +254,7 @@ class JobWorker:
         worker = workers.register_worker(
             socket.gethostname(), os.getpid(), self.pools, self.concurrency, self.worker_id
         )
-        self.worker_id = worker.pk
+        self.worker_id = self._claimer.worker_id = worker.pk
 
     def _start_watchman(self) -> None:
         if not self.watchman:
@@ -343,7 +332,7 @@ class JobWorker:
             try:
                 with self._shared():
                     try:
-                        batch, short, complete = self._claim(free)
+                        short, complete = self._claim(free)
                     except DatabaseError:
                         discard_broken_connections()
                         raise
@@ -356,85 +345,18 @@ class JobWorker:
                 )
                 self.stopping.wait(pause)
                 continue
-            self._dispatch(batch)
-            if batch:
-                logger.debug("worker=%s claimed=%d", self.worker_id, len(batch))
             if short and self._idle_done(writes, finished, complete):
                 return
 
-    def _claim(self, free: tuple[int, int]) -> tuple[list[Claim], bool, bool]:
-        """Claim for the free threads and the free async slots. Returns the claims;
-        whether every claim came back short (nothing more is due for now); and
-        whether each kind with free slots was claimed for.
-
-        The event loop claims the runs of async handlers (``JobRun.is_async``), up
-        to the free async slots, and the threads the others, each from its own
-        part of the claim's index: neither reads past the other's backlog. A run
-        the threads claim that turns out to be async (started by a process that
-        did not know its handler was) goes to the event loop all the same. After
-        a short claim the loop is claimed for again only when something may have
-        made async runs due (a notification, an async run finished, a sleeper
-        woken) or a poll interval has passed: most workers never meet one.
-        Without async slots (``async_concurrency`` 0), the threads claim both.
-        """
-        free_threads, free_async = free
+    def _claim(self, free: tuple[int, int]) -> tuple[bool, bool]:
+        """Claim for the free threads and async slots, up to ``max_runs``, each batch
+        handed to its slots as soon as it is claimed (``Claimer.claim``)."""
         left = math.inf if self.max_runs is None else self.max_runs - self.claimed
-        loop = self.async_concurrency > 0
-        batch: list[Claim] = []
-        short = complete = True
-        free_threads = int(min(free_threads, left))
-        if free_threads > 0:
-            # First: a notification wakes both kinds, and most runs are the threads'.
-            batch = self._claim_kind(THREADS, free_threads, False if loop else None)
-            short = len(batch) < free_threads
-        left -= len(batch)
-        if loop and free_async and left > 0:
-            if self._worth_claiming(LOOP):
-                limit = int(min(_batch_size(free_async), left))
-                try:
-                    on_loop = self._claim_kind(LOOP, limit, True)
-                except DatabaseError:
-                    if not batch:
-                        raise
-                    # The threads' claim committed: its runs must run, whatever this one did.
-                    logger.warning("worker=%s claim failed", self.worker_id, exc_info=True)
-                    discard_broken_connections()
-                    return batch, False, False
-                batch += on_loop
-                short = short and len(on_loop) < limit
-            else:
-                complete = False
-        return batch, short, complete
-
-    def _worth_claiming(self, kind: str) -> bool:
-        return (
-            self._recheck[kind]
-            or self._was_full[kind]
-            or time.monotonic() - self._claimed_at[kind] >= self.poll_interval
-        )
-
-    def _claim_kind(self, kind: str, limit: int, is_async: bool | None) -> list[Claim]:
-        self._recheck[kind] = False
-        claims = claim_batch(
-            self.worker_id,  # type: ignore[arg-type]
-            self.pools,
-            limit,
-            plan=self._plan[kind],
-            kind=is_async,
-            limits=self.limits,
-        )
-        now = self._claimed_at[kind] = time.monotonic()
-        self._was_full[kind] = len(claims) == limit
-        # The kind's claim plan number (see storage.claiming.claim_batch): a new one
-        # when its runs come after an empty claim, and at least every REPLAN seconds.
-        if (claims and self._was_empty[kind]) or now - self._planned_at[kind] > REPLAN:
-            self._plan[kind], self._planned_at[kind] = self._plan[kind] + 1, now
-        self._was_empty[kind] = not claims
-        return claims
+        return self._claimer.claim(free, self._dispatch, left)
 
     def _news(self) -> None:
         """Something may have made runs of either kind due: new runs, woken sleepers."""
-        self._recheck[THREADS] = self._recheck[LOOP] = True
+        self._claimer.news()
         self.wake.set()
         with self._slots:
             self._slots.notify_all()
@@ -447,16 +369,11 @@ class JobWorker:
                 threads, loop = self._free()
                 # The threads claim whenever one is free, as their claim reads past
                 # nothing (see _claim); the loop when its claim is worth making.
-                if threads or (loop and self._worth_claiming(LOOP)):
+                if threads or (loop and self._claimer.worth_claiming_loop()):
                     break
-                # Until a slot frees, news comes, or a free kind's poll interval is up.
-                now = time.monotonic()
-                polls = [
-                    self._claimed_at[kind] + self.poll_interval - now
-                    for kind, slots in ((THREADS, threads), (LOOP, loop))
-                    if slots
-                ]
-                self._slots.wait(timeout=max(0.001, min(polls, default=self.poll_interval)))
+                # Until a slot frees, news comes, or the loop's poll interval is up.
+                poll = self._claimer.next_poll() if loop else self.poll_interval
+                self._slots.wait(timeout=max(0.001, poll))
             threads, loop = self._free()
         return (0, 0) if self.stopping.is_set() else (threads, loop)
 
@@ -498,7 +415,7 @@ class JobWorker:
                 # Due runs wait for a rate limit's window (or it could not be
                 # told): they are work to do, once it opens.
                 self.stopping.wait(self._idle_wait())
-                self._recheck[THREADS] = self._recheck[LOOP] = True
+                self._claimer.news()
                 return False
             return done
         wait = self._idle_wait()
@@ -506,7 +423,7 @@ class JobWorker:
         self.wake.clear()
         if wait < self.poll_interval:
             # Woken for a rate limit's window: claim for both kinds.
-            self._recheck[THREADS] = self._recheck[LOOP] = True
+            self._claimer.news()
         return False
 
     def _idle_wait(self) -> float:
@@ -518,6 +435,7 @@ class JobWorker:
         return min(self.poll_interval, max(0.001, opens - time.monotonic()))
 
     def _dispatch(self, batch: list[Claim]) -> None:
+        logger.debug("worker=%s claimed=%d", self.worker_id, len(batch))
         attempts = [Attempt.of(claim) for claim in batch]
         on_loop = [a for a in attempts if self.async_concurrency and a.is_async]
         with self._slots:
@@ -537,7 +455,7 @@ class JobWorker:
 
     def _async_done(self, ended: list[tuple[Attempt, Outcome | None]]) -> None:
         """The event loop's report that async runs' tasks are over."""
-        self._recheck[LOOP] = True  # a retry, a freed key: more may be due
+        self._claimer.loop_news()  # a retry, a freed key: more may be due
         with self._slots:
             for attempt, _ in ended:
                 self._in_flight.discard(attempt)
@@ -569,7 +487,6 @@ class JobWorker:
             finally:
                 # A handed-off completion frees the slot now: the completer writes
                 # it (and wakes the claim loop) while this thread runs the next.
-                self._recheck[THREADS] = True
                 with self._slots:
                     self._in_flight.discard(attempt)
                     self.finished += 1
@@ -666,38 +583,10 @@ class JobWorker:
             return list(self._in_flight)
 
     def _poll_cancel_requests(self) -> None:
-        """Tell handlers whose run was asked to cancel, or was taken away, to stop."""
-        running: dict[int, list[Attempt]] = {}
-        for attempt in self._snapshot():
-            if not attempt.cancel_noticed:
-                running.setdefault(attempt.run_id, []).append(attempt)
-        for run_id in leases.cancel_requested(list(running)):
-            for attempt in running[run_id]:
-                attempt.notice_cancel()
+        overdue.notice_cancel_requests(self._snapshot())
 
     def _enforce_deadlines(self) -> None:
-        """End runs past their timeout, and canceled runs whose handler ignores it."""
-        now = time.monotonic()
-        for attempt in self._snapshot():
-            claim = attempt.claim
-            if attempt.deadline is not None and now > attempt.deadline and attempt.fence_off():
-                # Fenced off first, then told to stop: the handler's JobCanceled
-                # then finds the outcome taken, and this timeout is what is written.
-                attempt.notice_cancel()
-                assert attempt.handler is not None  # only a handler gives a deadline
-                decision = timed_out(attempt.handler, claim)
-                outcome = record(claim, decision, self.hard_stop)
-                log_outcome(claim, outcome, now - attempt.started, decision)
-                attempt.stop_task()  # an async handler stops; a thread cannot be stopped
-            elif (
-                attempt.cancel_noticed_at is not None
-                and now > attempt.cancel_noticed_at + self.cancel_grace
-                and attempt.fence_off()
-            ):
-                message = f"the handler ignored the cancel request for {self.cancel_grace:g}s"
-                outcome = record(claim, canceled(claim, message), self.hard_stop)
-                log_outcome(claim, outcome, now - attempt.started)
-                attempt.stop_task()
+        overdue.end_overdue(self._snapshot(), self.cancel_grace, self.hard_stop)
 
     # --- shutdown -----------------------------------------------------------------
 
@@ -757,14 +646,6 @@ class JobWorker:
             logger.warning("worker=%s database error: %s", self.worker_id, exc)
             discard_broken_connections()
             return None
-
-
-def _batch_size(free: int) -> int:
-    """How many runs to claim for ``free`` async slots: a power of two below 64, a
-    multiple of 64 above, at most MAX_LOOP_BATCH. A few sizes, so a few claim
-    statements, each prepared once; a claim or two fill the slots."""
-    free = min(free, MAX_LOOP_BATCH)
-    return free - free % 64 if free >= 64 else 1 << (free.bit_length() - 1)
 
 
 def start_thread(target: Callable[[], object], name: str) -> threading.Thread:

@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 from django.db import OperationalError
 
-from django_jobs import start, start_many
-from django_jobs import worker as worker_module
+from django_jobs import claimer, start, start_many
 from django_jobs.models import JobRun, JobStep, Status
 from django_jobs.storage.claiming import Claim
 from django_jobs.testing import drain
@@ -183,7 +182,7 @@ class TestOnTheEventLoop:
     ) -> None:
         sync_runs = start_many("tests.record", [{}] * 5)
         async_runs = start_many("tests.async_echo", [{"i": i} for i in range(5)])
-        real = worker_module.claim_batch
+        real = claimer.claim_batch
         failed: list[bool] = []
 
         def flaky(*args: Any, **kwargs: Any) -> list[Claim]:
@@ -192,7 +191,7 @@ class TestOnTheEventLoop:
                 raise OperationalError("server closed the connection unexpectedly")
             return real(*args, **kwargs)
 
-        monkeypatch.setattr(worker_module, "claim_batch", flaky)
+        monkeypatch.setattr(claimer, "claim_batch", flaky)
         worker = JobWorker(["default"], concurrency=1, burst=True, poll_interval=0.05)
         assert worker.run() == EXIT_OK
         assert failed == [True]

@@ -50,7 +50,7 @@ def test_the_worker_plans_its_claim_afresh_when_runs_come_after_an_idle_spell(
             seen.append((plan, len(batch)))
         return batch
 
-    monkeypatch.setattr("django_jobs.worker.claim_batch", recording)
+    monkeypatch.setattr("django_jobs.claimer.claim_batch", recording)
     worker = JobWorker(["default"], concurrency=4, poll_interval=0.05)
     thread = threading.Thread(target=worker.run)
     thread.start()

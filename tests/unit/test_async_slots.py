@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from django_jobs.worker import MAX_LOOP_BATCH, JobWorker, _batch_size
+from django_jobs.claimer import MAX_LOOP_BATCH, batch_size
+from django_jobs.worker import JobWorker
 
 
 @pytest.mark.parametrize(
@@ -12,12 +13,12 @@ from django_jobs.worker import MAX_LOOP_BATCH, JobWorker, _batch_size
     [(1, 1), (3, 2), (63, 32), (64, 64), (100, 64), (500, 448), (512, 512), (5000, 512)],
 )
 def test_claims_for_the_loop_come_in_a_few_sizes(free: int, size: int) -> None:
-    assert _batch_size(free) == size
+    assert batch_size(free) == size
 
 
 def test_every_size_is_at_most_what_is_free_and_there_are_few() -> None:
-    sizes = {_batch_size(free) for free in range(1, 10_001)}
-    assert all(_batch_size(free) <= free for free in range(1, 2000))
+    sizes = {batch_size(free) for free in range(1, 10_001)}
+    assert all(batch_size(free) <= free for free in range(1, 2000))
     assert max(sizes) == MAX_LOOP_BATCH
     assert len(sizes) <= 16  # so, at most as many claim statements prepared
 

@@ -50,6 +50,8 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "context",
                 "execution",
                 "completer",
+                "claimer",
+                "overdue",
                 "eventloop",
                 "scheduler",
                 "schedule_rows",
