@@ -4,8 +4,6 @@ one kind (an event loop at its limit) costs the other kind's claims nothing."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from django.db import connection
 
@@ -120,7 +118,7 @@ def test_a_sync_run_marked_async_runs_on_a_thread() -> None:
     assert JobRun.objects.get(pk=run.pk).status == Status.COMPLETED
 
 
-def test_drain_runs_both_kinds(settings: Any) -> None:
+def test_drain_runs_both_kinds() -> None:
     start_many("tests.async_echo", [{}] * 2)
     start_many("tests.noop", [{}] * 2)
     assert drain() == 4
