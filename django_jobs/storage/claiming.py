@@ -80,7 +80,7 @@ def claim_batch(
     their own. When a window admitted fewer than were picked, it is full now
     and its runs are held: the slots they left are claimed again, once.
     """
-    if limit <= 0:
+    if limit <= 0 or (pools is not None and not pools):
         return []
     recovered = _recover()
     limits = limits or None
@@ -258,8 +258,8 @@ def candidate_sets(
     each is read apart, and the picks merged in claim order. Without pools (every
     pool), one query.
     """
-    if pools is None:
-        return [candidates(None, kind=kind, **options)]
+    if not pools:
+        return [candidates(pools, kind=kind, **options)]
     kinds = (False, True) if kind is None else (kind,)
     return [
         candidates([pool], kind=each, **options) for pool in sorted(set(pools)) for each in kinds

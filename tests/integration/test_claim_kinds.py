@@ -122,3 +122,11 @@ def test_drain_runs_both_kinds() -> None:
     start_many("tests.async_echo", [{}] * 2)
     start_many("tests.noop", [{}] * 2)
     assert drain() == 4
+
+
+def test_a_claim_for_no_pool_takes_nothing_of_either_kind() -> None:
+    start("tests.noop")
+    start("tests.async_echo")
+    worker = WorkerFactory().pk
+    assert claiming.claim_batch(worker, [], 5) == []
+    assert len(claiming.claim_batch(worker, ["default"], 5)) == 2
