@@ -341,12 +341,7 @@ def measure_held(args: argparse.Namespace) -> dict[str, Any]:
         with common.Workers(f"django_jobs_held_{name}", [cmd], PROJECT, env) as workers, (
             caps if capped or unfair else contextlib.nullcontext()
         ):
-            deadline = time.monotonic() + 60
-            while JobRun.objects.get(pk=holder.pk).status != "running":
-                if time.monotonic() > deadline:
-                    raise TimeoutError("the bench.hold run did not start")
-                workers.check_alive("waiting for bench.hold to start")
-                time.sleep(0.05)
+            _wait_for(holder.pk, "running", workers, "bench.hold to start")
             t = time.perf_counter()
             if name == "key":
                 start_many("bench.noop", [{}] * backlog, concurrency_key="busy")
@@ -403,7 +398,6 @@ def _limited_backlog(backlog: int, workers: Any) -> None:
     """``bench.limited`` under HELD_RATE (registered here as the worker registers it):
     one run started, its window full for a minute, then the backlog."""
     from django_jobs import job, start, start_many
-    from django_jobs.models import JobRun
     from django_jobs.registry import get_handler
     from django_jobs.exceptions import UnknownJobType
 
@@ -412,13 +406,21 @@ def _limited_backlog(backlog: int, workers: Any) -> None:
     except UnknownJobType:
         job("bench.limited", rate_limit=HELD_RATE)(lambda ctx: None)
     first = start("bench.limited", {})
-    deadline = time.monotonic() + 60
-    while JobRun.objects.get(pk=first.pk).status != "completed":
-        if time.monotonic() > deadline:
-            raise TimeoutError("the first bench.limited run did not complete")
-        workers.check_alive("waiting for the first bench.limited run")
-        time.sleep(0.05)
+    _wait_for(first.pk, "completed", workers, "the first bench.limited run to complete")
     start_many("bench.limited", [{}] * backlog)
+
+
+def _wait_for(run_id: int, status: str, workers: Any, what: str, timeout: float = 60) -> None:
+    """Wait until the run ``run_id`` has ``status``; raise when a worker dies or after
+    ``timeout`` seconds (``what`` says what was waited for)."""
+    from django_jobs.models import JobRun
+
+    deadline = time.monotonic() + timeout
+    while JobRun.objects.get(pk=run_id).status != status:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {timeout:g} s for {what}")
+        workers.check_alive(f"waiting for {what}")
+        time.sleep(0.05)
 
 
 def _async_backlog(backlog: int, workers: Any) -> int:
@@ -427,7 +429,6 @@ def _async_backlog(backlog: int, workers: Any) -> int:
     registers them (BENCH_ASYNC_HOLD)."""
     from django_jobs import job, start, start_many
     from django_jobs.exceptions import UnknownJobType
-    from django_jobs.models import JobRun
     from django_jobs.registry import get_handler
 
     async def nothing(ctx: Any) -> None:
@@ -439,12 +440,7 @@ def _async_backlog(backlog: int, workers: Any) -> int:
         except UnknownJobType:
             job(job_type)(nothing)
     holder = start("bench.ahold", {})
-    deadline = time.monotonic() + 60
-    while JobRun.objects.get(pk=holder.pk).status != "running":
-        if time.monotonic() > deadline:
-            raise TimeoutError("the bench.ahold run did not start")
-        workers.check_alive("waiting for bench.ahold to start")
-        time.sleep(0.05)
+    _wait_for(holder.pk, "running", workers, "bench.ahold to start")
     start_many("bench.anoop", [{}] * backlog)
     return holder.pk
 

@@ -108,12 +108,11 @@ def turn_query(
     """The query of ``_head_and_last``: two probes of an index each (the claim's, in
     turn order, and ``django_jobs_run_turns``), as a statement and its parameters."""
     connection = connections[using()]
+    head_sql, last_sql = _statements(connection.alias, tenant_id is None)
     found = vendors.of(connection).last_turn(connection, pool, priority, tenant_id)
     if found is None:
-        tenant = [] if tenant_id is None else [tenant_id]
-        found = (_statements(connection.alias, tenant_id is None)[1], [pool, priority, *tenant])
+        found = (last_sql, [pool, priority] + ([] if tenant_id is None else [tenant_id]))
     last_sql, last_params = found
-    head_sql = _statements(connection.alias, tenant_id is None)[0]
     return f"SELECT ({head_sql}), ({last_sql})", [pool, is_async, priority, *last_params]
 
 
@@ -170,8 +169,11 @@ def _pools() -> list[str]:
 
 def _priorities(pool: str, is_async: bool) -> list[int]:
     """The distinct priorities of the ready runs of ``pool`` of a kind, highest first:
-    one probe of the claim index each."""
-    ready = runs().filter(pool=pool, is_async=is_async, status=Status.PENDING, hold=Hold.READY)
+    one probe of the claim index each (an index scan, for the reason in
+    ``_statements``: this runs twice a second)."""
+    ready = runs().filter(
+        pool=pool, is_async=is_async, status=Status.PENDING, hold=Hold.READY, pk__gt=0
+    )
     found: list[int] = []
     probe = ready
     while len(found) < _PRIORITIES:
