@@ -95,11 +95,12 @@ def _head_and_last(
 ) -> tuple[Any, Any]:
     """The lowest turn of the ready runs of ``pool`` of a kind at ``priority``, and the
     highest of the tenant's ready runs there, either kind (None where there is none),
-    in one query."""
-    with connections[using()].cursor() as cursor:
-        cursor.execute(*turn_query(pool, is_async, priority, tenant_id))
-        row = cursor.fetchone()
-    return (None, None) if row is None else (row[0], row[1])
+    in one query (a prepared statement where the database has them: planning it took
+    twice as long as running it)."""
+    connection = connections[using()]
+    query = turn_query(pool, is_async, priority, tenant_id)
+    rows = vendors.of(connection).fetch(connection, *query)
+    return (None, None) if not rows else (rows[0][0], rows[0][1])
 
 
 def turn_query(
