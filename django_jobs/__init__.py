@@ -17,6 +17,7 @@ __all__ = [
     "apause_schedule",
     "aresume_schedule",
     "aretry",
+    "asend_event",
     "astart",
     "astart_many",
     "cancel",
@@ -26,6 +27,7 @@ __all__ = [
     "pause_schedule",
     "resume_schedule",
     "retry",
+    "send_event",
     "start",
     "start_many",
 ]
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
     from .api import acancel, aretry, astart, astart_many, cancel, retry, start, start_many
     from .backoff import RetryPolicy
     from .context import JobContext
+    from .events import asend_event, send_event
     from .exceptions import RetryAfter
     from .registry import job
     from .schedule_api import (
@@ -60,6 +63,8 @@ _LAZY = {
     "start": "api",
     "start_many": "api",
     "JobContext": "context",
+    "send_event": "events",
+    "asend_event": "events",
     "RetryAfter": "exceptions",
     "job": "registry",
     "RetryPolicy": "backoff",

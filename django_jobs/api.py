@@ -17,6 +17,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from . import conf, tracing, transitions
+from .debounce import start_debounced
 from .exceptions import InvalidJobInput, RunNotFound, SyncOnlyCall
 from .models import Hold, JobRun, Status
 from .names import concurrency_limit as check_concurrency_limit
@@ -48,6 +49,7 @@ def start(
     concurrency_key: str | None = None,
     concurrency_limit: int | None = None,
     idempotency_key: str | None = None,
+    debounce: float | timedelta | None = None,
     tags: Sequence[str] = (),
     tenant_id: str | None = None,
     parent: JobRun | int | None = None,
@@ -56,6 +58,9 @@ def start(
 
     With an ``idempotency_key``, a run of the same job type, tenant and key that
     already exists is returned instead of a new one, also when two callers race.
+    With ``debounce`` (seconds or a ``timedelta``) as well, the run is due that
+    long after the start, and while it has not started a new start of the key
+    moves it that long after itself and replaces its input (``django_jobs.debounce``).
     """
     return start_handler(
         get_handler(job_type),
@@ -67,6 +72,7 @@ def start(
         concurrency_key=concurrency_key,
         concurrency_limit=concurrency_limit,
         idempotency_key=idempotency_key,
+        debounce=debounce,
         tags=tags,
         tenant_id=tenant_id,
         parent=parent,
@@ -88,12 +94,23 @@ def start_handler(
     are in the namespace callers' keys are refused from.
     """
     _refuse_event_loop("start")
+    debounce = options.pop("debounce", None)
+    if debounce is not None:
+        if options.get("idempotency_key") is None:
+            raise TypeError("start(debounce=...) needs an idempotency_key: the key names the run")
+        if options.get("run_at") is not None or options.get("delay") is not None:
+            raise TypeError("start(debounce=...) sets when the run is due: no run_at or delay")
+        options["delay"] = debounce
     run = _build(handler, input, scheduled=scheduled, **options)
     if trigger is not None:
         run.trigger_source, run.trigger_ref = trigger
     using = conf.get().DATABASE
     release = _hold_at_start([run], handler)
     turns.assign(run)
+    if debounce is not None:
+        debounced = start_debounced(run)
+        release()
+        return debounced
     if run.idempotency_key is None:
         run.save(using=using, force_insert=True)
         release()
@@ -138,8 +155,9 @@ def start_many(job_type: str, inputs: Iterable[Any], **options: Any) -> list[Job
     Every input is validated before anything is written.
     """
     _refuse_event_loop("start_many")
-    if "idempotency_key" in options:
-        raise TypeError("start_many() does not take idempotency_key; use start() per run")
+    for option in ("idempotency_key", "debounce"):
+        if option in options:
+            raise TypeError(f"start_many() does not take {option}; use start() per run")
     handler = get_handler(job_type)
     # The options are the same for every run: validate them once, on a template.
     given_key = options.pop("concurrency_key", None)
@@ -566,7 +584,7 @@ def _tags(tags: Sequence[str]) -> list[str]:
     return result
 
 
-def _refuse_event_loop(name: str) -> None:
+def _refuse_event_loop(name: str, *, instead: str | None = None) -> None:
     """Refuse a call from async code at once, naming the way out.
 
     Django would refuse the first query anyway, with a message about "this";
@@ -579,8 +597,9 @@ def _refuse_event_loop(name: str) -> None:
         return
     if os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE"):
         return
+    qualified = name if "." in name else f"django_jobs.{name}"
     raise SyncOnlyCall(
-        f"django_jobs.{name}() was called from async code (an event loop is running in "
-        f"this thread); it writes to the database synchronously: call "
-        f"`await django_jobs.a{name}(...)` instead"
+        f"{qualified}() was called from async code (an event loop is running in "
+        f"this thread); it uses the database synchronously: call "
+        f"`{instead or f'await django_jobs.a{name}(...)'}` instead"
     )

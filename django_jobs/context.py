@@ -6,33 +6,40 @@ import asyncio
 import inspect
 import json
 import logging
-import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from functools import cached_property
 from typing import Any
 
-from asgiref.sync import async_to_sync, sync_to_async
+from asgiref.sync import sync_to_async
 from django.db import DatabaseError, connections, transaction
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
 from . import api, conf, tracing, transitions
 from .attempt import Attempt
 from .errors import error_record
 from .exceptions import (
-    ChildRunCanceled,
-    ChildRunError,
-    ChildRunFailed,
-    ChildRunTimedOut,
     InvalidJobInput,
     InvalidStepOutput,
     JobCanceled,
 )
-from .models import FINISHED_STATUSES, ClosePolicy, JobRun, Status
-from .payloads import printable, to_json
-from .signals import step_completed
+from .handling import (
+    CHILD_ERRORS,
+    NO_DEFAULT,
+    PROGRESS_INTERVAL,
+    RunLogger,
+    blocking,
+    event_outcome,
+    progress_record,
+    run_ids,
+    until_of,
+    wake_at,
+)
+from .models import FINISHED_STATUSES, ClosePolicy, JobRun
+from .names import event_name
+from .payloads import to_json
+from .signals import event_consumed, step_completed
 from .storage import leases, steps
 from .storage.claiming import Claim
 
@@ -48,55 +55,6 @@ class Suspended(BaseException):
 
 class LeaseLost(BaseException):
     """Unwinds a handler whose run was taken from this worker: nothing more is written."""
-
-
-class RunLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
-    """Prefix a handler's log lines with its run id and job type."""
-
-    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
-        assert self.extra is not None
-        return f"run={self.extra['run_id']} type={self.extra['job_type']} {msg}", kwargs
-
-
-CHILD_ERRORS: dict[str, type[ChildRunError]] = {
-    Status.FAILED: ChildRunFailed,
-    Status.TIMED_OUT: ChildRunTimedOut,
-    Status.CANCELED: ChildRunCanceled,
-}
-
-
-# Seconds between two writes of a run's progress (see JobContext.set_progress).
-PROGRESS_INTERVAL = 1.0
-MAX_PROGRESS_MESSAGE = 1000
-
-
-# Progress counts are stored as JSON numbers and shown as floats: bounded so that
-# every reader can convert them (10**400 cannot be).
-MAX_PROGRESS = 1e15
-
-
-def progress_record(done: Any, total: Any, message: Any) -> dict[str, Any]:
-    """The progress record, after checking the handler's values."""
-    for name, value in (("done", done), ("total", total)):
-        if value is None and name == "total":
-            continue
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"set_progress(): {name} must be a number >= 0, got {value!r}")
-        try:
-            number = float(value)
-        except OverflowError:
-            number = math.inf
-        if not number >= 0:  # NaN too
-            raise ValueError(f"set_progress(): {name} must be a number >= 0, got {value!r}")
-        if number > MAX_PROGRESS:
-            raise ValueError(
-                f"set_progress(): {name} must be finite and at most {MAX_PROGRESS:g}, "
-                f"got {value!r}"[:200]
-            )
-    if not isinstance(message, str):
-        raise ValueError(f"set_progress(): message must be a string, got {message!r}")
-    # No control characters: they would rewrite an operator's terminal (jobstatus).
-    return {"done": done, "total": total, "message": printable(message, MAX_PROGRESS_MESSAGE)}
 
 
 class JobContext:
@@ -371,7 +329,7 @@ class JobContext:
         ``ChildRunTimedOut`` or ``ChildRunCanceled``.
         """
         self._sync_only("wait_for")
-        ids = _run_ids(runs)
+        ids = run_ids(runs)
         rows = self._child_rows(ids)
         if self._unfinished(rows):
             self._record_wait(transitions.suspend_for, ids)
@@ -411,8 +369,8 @@ class JobContext:
         """Wait ``duration`` without holding a worker slot; resume with steps replayed."""
         self._sync_only("sleep")
         seconds = conf.to_seconds(duration)
-        wake = self.step(f"sleep:{step_id}", lambda: _wake_at(seconds))
-        until = _until(wake)
+        wake = self.step(f"sleep:{step_id}", lambda: wake_at(seconds))
+        until = until_of(wake)
         if until <= timezone.now():
             return
         self._record_wait(transitions.suspend_until, until)
@@ -420,24 +378,77 @@ class JobContext:
 
     def _record_wait(self, suspend: Callable[[Claim, Any], str], arg: Any) -> None:
         """Record that the run waits; raise if it cannot (canceled, lost, in a transaction)."""
+        self._before_wait()
+        self._after_suspend(suspend(self._claim, arg))
+
+    def _before_wait(self) -> None:
+        """Raise unless the run may suspend now: asked to cancel, inside a transaction
+        (unwinding would roll the suspension back and leave the run running), or
+        ended by its worker (a timeout, an ignored cancel: the worker records it)."""
         self.check_cancel()
         connection = connections[conf.get().DATABASE]
         if len(connection.atomic_blocks) > self._attempt.atomic_depth:
-            # Unwinding would roll the suspension back and leave the run running.
             raise RuntimeError(
-                f"run {self.run_id}: ctx.sleep() and ctx.wait_for() cannot be called "
-                "inside transaction.atomic(); call them outside it"
+                f"run {self.run_id}: ctx.sleep(), ctx.wait_for() and ctx.wait_for_event() "
+                "cannot be called inside transaction.atomic(); call them outside it"
             )
         self.flush_progress()
         if not self._attempt.own_outcome():
-            # The worker finished this attempt (timeout, ignored cancel) and records it.
             raise LeaseLost(f"run {self.run_id} was ended by its worker")
-        outcome = suspend(self._claim, arg)
+
+    def _after_suspend(self, outcome: str) -> None:
         if outcome == transitions.CANCEL_REQUESTED:
             self._attempt.notice_cancel()
             self.check_cancel()
         if outcome == transitions.LOST:
             raise LeaseLost(f"run {self.run_id} is no longer held by this worker")
+
+    # --- events -------------------------------------------------------------------
+
+    def wait_for_event(
+        self, name: str, *, timeout: float | timedelta | None = None, default: Any = NO_DEFAULT
+    ) -> Any:
+        """Return the payload of the next event ``name`` sent to this run (``send_event``).
+
+        Events sent before the wait are kept, in order, each taken by one wait;
+        until one comes the run waits without a worker slot or its concurrency key,
+        and is run again (earlier steps replayed) when it does. The event taken is
+        recorded like a step: a retry or a replay returns the same payload here.
+        After ``timeout`` (seconds or a ``timedelta``, counted from the first time
+        this wait ran) it returns ``default``, or raises ``EventTimeout`` without one.
+        """
+        self._sync_only("wait_for_event")
+        key, seq, seconds = self._event_wait(name, timeout)
+        until = None
+        if seconds is not None:
+            until = until_of(self.step(f"event-deadline:{name}", lambda: wake_at(seconds)))
+        recorded = self._recorded(key)
+        output = recorded["output"] if recorded else self._take_event(name, key, seq, until)
+        return event_outcome(name, output, default)
+
+    def _event_wait(self, name: str, timeout: Any) -> tuple[str, int, Any]:
+        """The wait's step key and position, and its timeout in seconds (None without)."""
+        name = event_name(name)
+        key, seq = self._next(f"event:{name}")
+        return key, seq, None if timeout is None else conf.to_seconds(timeout)
+
+    def _take_event(self, name: str, key: str, seq: int, until: datetime | None) -> Any:
+        self._before_wait()
+        outcome, output = transitions.take_event(self._claim, name, key, seq, until)
+        if outcome in (transitions.EVENT_TAKEN, transitions.EVENT_TIMED_OUT):
+            self._remember(key, output)
+            if outcome == transitions.EVENT_TAKEN and event_consumed.receivers:
+                event_consumed.send_robust(
+                    JobRun,
+                    run_id=self.run_id,
+                    job_type=self.job_type,
+                    name=name,
+                    event_id=output["event"],
+                    step_id=key,
+                )
+            return output
+        self._after_suspend(outcome)
+        raise Suspended(f"run {self.run_id} waits for the event {name!r}")
 
     # --- async forms, for async def handlers ---------------------------------------
     #
@@ -465,7 +476,7 @@ class JobContext:
             return recorded["output"]
         self.check_cancel()
         if atomic:
-            output = await run_sync(self._run_step, key, seq, _blocking(fn), True)
+            output = await run_sync(self._run_step, key, seq, blocking(fn), True)
         else:
             output = await self._arun_step(key, seq, fn)
         await self.aflush_progress()
@@ -506,7 +517,7 @@ class JobContext:
     async def await_for(self, runs: Iterable[JobRun | int]) -> list[Any]:
         """``wait_for`` for an ``async def`` handler: the children's outputs once all
         have ended; until then the run waits without a slot (the task ends here)."""
-        ids = _run_ids(runs)
+        ids = run_ids(runs)
         run_sync = self._attempt.run_sync
         rows = await run_sync(self._child_rows, ids)
         if self._unfinished(rows):
@@ -519,14 +530,36 @@ class JobContext:
         the run gives up its slot and is run again (steps replayed) when it is over."""
         seconds = conf.to_seconds(duration)
 
-        async def wake_at() -> dict[str, datetime]:
-            return _wake_at(seconds)
+        async def wake() -> dict[str, datetime]:
+            return wake_at(seconds)
 
-        until = _until(await self.astep(f"sleep:{step_id}", wake_at))
+        until = until_of(await self.astep(f"sleep:{step_id}", wake))
         if until <= timezone.now():
             return
         await self._attempt.run_sync(self._record_wait, transitions.suspend_until, until)
         raise Suspended(f"run {self.run_id} sleeps until {until.isoformat()}")
+
+    async def await_event(
+        self, name: str, *, timeout: float | timedelta | None = None, default: Any = NO_DEFAULT
+    ) -> Any:
+        """``wait_for_event`` for an ``async def`` handler: the same records and rules;
+        while it waits, the run gives up its slot (the task ends here)."""
+        key, seq, seconds = self._event_wait(name, timeout)
+        until = None
+        if seconds is not None:
+
+            async def wake() -> dict[str, datetime]:
+                return wake_at(seconds)
+
+            until = until_of(await self.astep(f"event-deadline:{name}", wake))
+        run_sync = self._attempt.run_sync
+        if self._steps is None and self._claim.has_steps is not False:
+            await run_sync(self._load_steps)
+        recorded = self._recorded(key)
+        if recorded:
+            return event_outcome(name, recorded["output"], default)
+        output = await run_sync(self._take_event, name, key, seq, until)
+        return event_outcome(name, output, default)
 
     async def _arun_step(self, key: str, seq: int, fn: Callable[[], Any]) -> Any:
         run_sync = self._attempt.run_sync
@@ -565,43 +598,8 @@ class JobContext:
         """Refuse a sync durable operation in an ``async def`` handler, naming its async form
         (it would block the event loop, and Django refuses database work there)."""
         if self._attempt.is_async:
-            forms = {"wait_for": "await_for"}
+            forms = {"wait_for": "await_for", "wait_for_event": "await_event"}
             form = forms.get(name, f"a{name}")
             raise TypeError(
                 f"ctx.{name}() is for def handlers; in an async def handler, await ctx.{form}(...)"
             )
-
-
-def _run_ids(runs: Iterable[JobRun | int]) -> list[int]:
-    return [run.pk if isinstance(run, JobRun) else int(run) for run in runs]
-
-
-def _wake_at(seconds: float) -> dict[str, datetime]:
-    return {"until": timezone.now() + timedelta(seconds=seconds)}
-
-
-def _until(wake: dict[str, Any]) -> datetime:
-    until = parse_datetime(wake["until"])
-    assert until is not None
-    return until
-
-
-def _blocking(fn: Callable[[], Any]) -> Callable[[], Any]:
-    """``fn`` as a plain function for a database thread (an atomic async step): an
-    async ``fn``, or an awaitable it returns, is run to its end under
-    ``async_to_sync``, whose ORM calls come back to that thread, in its transaction."""
-    if inspect.iscoroutinefunction(fn):
-        return async_to_sync(fn)
-
-    def call() -> Any:
-        value = fn()
-        if inspect.isawaitable(value):
-            awaitable = value
-
-            async def wait() -> Any:
-                return await awaitable
-
-            return async_to_sync(wait)()
-        return value
-
-    return call

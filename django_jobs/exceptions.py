@@ -78,6 +78,41 @@ class ChildRunCanceled(ChildRunError):
     """An awaited child run was canceled."""
 
 
+class EventTimeout(JobsError, TimeoutError):
+    """``ctx.wait_for_event`` reached its timeout without an event and without a
+    ``default``; the handler may catch it (a replay raises it again)."""
+
+    def __init__(self, message: str, name: str) -> None:
+        super().__init__(message)
+        self.name = name
+
+
+class RunError(JobsError):
+    """The run a caller waited for (``JobRun.wait``) did not complete; ``error`` is
+    the run's stored error (None for a cancel)."""
+
+    def __init__(self, message: str, run_id: int, error: object = None) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.error = error
+
+
+class RunFailed(RunError):
+    """The run waited for failed."""
+
+
+class RunTimedOut(RunError):
+    """The run waited for timed out."""
+
+
+class RunCanceled(RunError):
+    """The run waited for was canceled."""
+
+
+class WaitTimeout(JobsError, TimeoutError):
+    """``JobRun.wait`` gave up after its timeout; the run itself is left as it is."""
+
+
 class RetryAfter(JobsError):
     """Raise it in a handler to run the run again in ``delay``, not after its policy's backoff.
 

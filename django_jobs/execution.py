@@ -42,6 +42,7 @@ from .logstream import SafeTracebacks
 from .models import JobRun, Status
 from .payloads import normalize
 from .registry import JobHandler, get_handler
+from .results import current_run
 from .storage import control
 from .storage.claiming import Claim
 from .storage.connections import discard_broken_connections, jobs_connection
@@ -234,9 +235,11 @@ def _call(handler: JobHandler, ctx: JobContext, attempt: Attempt) -> Any:
     """
     if handler.is_async:
         return async_to_sync(_acall)(handler, ctx, attempt)
+    token = current_run.set(ctx.run_id)
     try:
         return handler(ctx)
     finally:
+        current_run.reset(token)
         try:
             ctx.flush_progress()
         except (LeaseLost, DatabaseError) as exc:
@@ -247,9 +250,12 @@ async def _acall(handler: JobHandler, ctx: JobContext, attempt: Attempt) -> Any:
     """Await an async handler in a task the worker can cancel, then write the
     progress its throttle held back."""
     attempt.bind_task()
+    token = current_run.set(ctx.run_id)
     try:
         return await handler.fn(ctx)
     finally:
+        # async_to_sync (drain(), a worker's thread) copies the context back out.
+        current_run.reset(token)
         try:
             await ctx.aflush_progress()
         except (LeaseLost, DatabaseError) as exc:

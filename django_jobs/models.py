@@ -1,4 +1,4 @@
-"""The job tables: JobRun, JobStep and Worker.
+"""The job tables: JobRun, JobStep, JobEvent and Worker.
 
 QuerySet methods are predicates (which rows). Statements that lock or fence rows
 live in ``storage``, the transitions of a run in ``transitions``, and the writers
@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 import warnings
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core import checks
@@ -61,6 +62,8 @@ RETRYABLE_STATUSES = UNSUCCESSFUL_STATUSES
 # The turn of a pending run that is not due yet (``JobRun.turn``): after every
 # other turn, so that claims for due runs find it last, if at all.
 LATER = 1 << 62
+# The run_at of a run waiting for an event without a deadline: never due.
+NO_DEADLINE = datetime(9999, 12, 30, tzinfo=UTC)
 
 
 def __getattr__(name: str) -> Any:
@@ -244,6 +247,12 @@ class JobRun(models.Model):
 
     # The child runs a waiting run waits for (ctx.wait_for); NULL while it sleeps.
     awaiting = models.JSONField(null=True, blank=True)
+    # The name of the event a waiting run waits for (ctx.wait_for_event); its
+    # run_at is then the wait's deadline (NO_DEADLINE without one).
+    awaiting_event = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    # Set by a caller blocked in JobRun.wait(): on PostgreSQL, the run's end then
+    # sends a notification that wakes it (migration 0016's trigger).
+    awaited = models.BooleanField(default=False, db_default=False, editable=False)
 
     # Running runs are found by worker through django_jobs_run_running; a full
     # index would be written at every claim and completion for the rare
@@ -429,6 +438,21 @@ class JobRun(models.Model):
     def __str__(self) -> str:
         return f"{self.job_type} #{self.pk} ({self.status})"
 
+    def wait(self, timeout: float | timedelta | None = None) -> Any:
+        """Block until this run has finished; return its output, or raise
+        ``RunFailed``, ``RunTimedOut`` or ``RunCanceled`` (each carrying the run's
+        error), or ``WaitTimeout`` after ``timeout`` seconds (the run is left as it
+        is). Refused inside a handler: a handler waits durably with ``ctx.wait_for``."""
+        from .results import wait_for_result
+
+        return wait_for_result(self, timeout)
+
+    async def await_result(self, timeout: float | timedelta | None = None) -> Any:
+        """``wait`` for async code: the same outcomes, without blocking the event loop."""
+        from .results import await_result
+
+        return await await_result(self, timeout)
+
     @classmethod
     def check(cls, **kwargs: Any) -> list[checks.CheckMessage]:
         """Django's checks, without its warnings that partial and expression indexes
@@ -511,6 +535,30 @@ class JobStep(models.Model):
 
     def __str__(self) -> str:
         return f"{self.step_id} of run {self.run_id}"
+
+
+class JobEvent(models.Model):
+    """An event sent to a run (``send_event``), kept until a wait of its name
+    consumes it (``ctx.wait_for_event``): the oldest first, each by one wait."""
+
+    id = models.BigAutoField(primary_key=True)
+    # Indexed by django_jobs_event_run (run first): no index of its own.
+    run = models.ForeignKey(JobRun, on_delete=models.CASCADE, related_name="events", db_index=False)
+    name = models.CharField(max_length=200)
+    payload = models.JSONField(encoder=DjangoJSONEncoder, null=True, blank=True)
+    sent_at = models.DateTimeField(db_default=Now())
+    # When a wait consumed it, and the step that recorded it (``event:<name>``).
+    consumed_at = models.DateTimeField(null=True, blank=True)
+    consumed_by = models.CharField(max_length=255, blank=True, default="")
+
+    class Meta:
+        verbose_name = _("job event")
+        verbose_name_plural = _("job events")
+        ordering = ["run", "id"]
+        indexes = [models.Index(fields=["run", "name", "id"], name="django_jobs_event_run")]
+
+    def __str__(self) -> str:
+        return f"event {self.name!r} to run {self.run_id}"
 
 
 class ScheduleSource(models.TextChoices):

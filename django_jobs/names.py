@@ -35,3 +35,20 @@ def concurrency_limit(limit: object) -> int:
             f"concurrency_limit must be between 1 and {MAX_CONCURRENCY_LIMIT}, got {limit!r}"
         )
     return limit
+
+
+MAX_EVENT_NAME = 200
+
+
+def event_name(name: object) -> str:
+    """``name`` as the name of an event (``send_event``, ``ctx.wait_for_event``); raises
+    ``ValueError`` for anything else: a non-empty string of at most
+    ``MAX_EVENT_NAME`` printable characters without whitespace or ``#`` (a
+    wait's record is the step ``event:<name>``, and ``#`` numbers repeated steps)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"an event name is a non-empty string, got {name!r}")
+    if len(name) > MAX_EVENT_NAME:
+        raise ValueError(f"an event name is at most {MAX_EVENT_NAME} characters, got {len(name)}")
+    if any(c.isspace() or not c.isprintable() or c == "#" for c in name):
+        raise ValueError(f"an event name has no whitespace, control character or '#': {name!r}")
+    return name

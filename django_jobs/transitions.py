@@ -46,22 +46,25 @@ from django.db import DatabaseError, transaction
 from django.db.models import BooleanField, ExpressionWrapper, Q
 from django.db.models.functions import Now
 from django.dispatch import Signal
+from django.utils import timezone
 
 from . import conf
 from .exceptions import InvalidTransition, RunNotFound, WorkerLost
 from .models import (
+    NO_DEADLINE,
     RETRYABLE_STATUSES,
     UNFINISHED_STATUSES,
     UNSUCCESSFUL_STATUSES,
     ClosePolicy,
     Hold,
+    JobEvent,
     JobRun,
     JobStep,
     Status,
 )
 from .registry import run_finished
 from .signals import run_canceled, run_failed
-from .storage import holds, leases, runs, workers
+from .storage import events, holds, leases, runs, steps, workers
 from .storage.claiming import Claim
 from .storage.notify import notify_pools
 
@@ -186,7 +189,9 @@ def lock_run(run_id: int, tenant_id: str | None = None, *, parent_first: bool = 
         # None for a run without a parent and for a missing one alike.
         lock_parent(found.values_list("parent_id", flat=True).first())
     run: JobRun | None = (
-        found.select_for_update().only("id", "status", "pool", "parent_id", "tenant_id").first()
+        found.select_for_update()
+        .only("id", "job_type", "status", "pool", "parent_id", "tenant_id")
+        .first()
     )
     if run is None:
         # The same answer whether the run is missing or another tenant's.
@@ -432,10 +437,13 @@ def retry(run_id: int, *, reset_steps: bool, tenant_id: str | None) -> JobRun:
             lease_token=None,
             claimed_by=None,
             awaiting=None,
+            awaiting_event=None,
             progress=None,
         )
         if reset_steps:
             JobStep.objects.using(using).filter(run_id=run.pk).delete()
+            # Its waits run again from the start: the events they took are theirs again.
+            events.give_back(run.pk)
         notify_pools([run.pool])
     # The whole row, now that it is known to be the caller's (lock_run loaded a few columns).
     retried: JobRun = runs().get(pk=run.pk)
@@ -476,7 +484,7 @@ def suspend_for(claim: Claim, run_ids: list[int]) -> str:
     does not suspend (``CANCEL_REQUESTED``): it must finish now, closing its children.
     """
     with transaction.atomic(using=_using()):
-        outcome = _suspend(claim, awaiting=run_ids)
+        outcome = _suspend(claim, awaiting=run_ids, awaiting_event=None)
         if outcome == SUSPENDED:
             # The children may all have finished before the row lock above was taken.
             wake_parent(claim.run_id)
@@ -485,13 +493,72 @@ def suspend_for(claim: Claim, run_ids: list[int]) -> str:
 
 def suspend_until(claim: Claim, until: datetime) -> str:
     """Move a running run to waiting until ``until`` (a durable sleep)."""
-    return _suspend(claim, awaiting=None, run_at=until)
+    return _suspend(claim, awaiting=None, awaiting_event=None, run_at=until)
 
 
 def _suspend(claim: Claim, **fields: Any) -> str:
     if leases.suspend(claim, **fields):
         return SUSPENDED
     return CANCEL_REQUESTED if leases.holds(claim) else LOST
+
+
+# What a wait for an event found besides SUSPENDED, LOST and CANCEL_REQUESTED.
+EVENT_TAKEN, EVENT_TIMED_OUT = "event_taken", "event_timed_out"
+
+
+def take_event(
+    claim: Claim, name: str, key: str, seq: int, until: datetime | None
+) -> tuple[str, Any]:
+    """A wait of a running run for an event ``name``, in one transaction under the
+    run's row lock: take the oldest event of that name sent to it (one sent by
+    ``until``, when that has passed) and record it as the step ``key``; else, when
+    ``until`` has passed, record the timeout there; else move the run to waiting
+    until such an event or ``until``. Returns (outcome, the step's output).
+
+    A sender locks the same row before it stores an event and looks whether the
+    run waits for it (``deliver_event``): whichever comes second sees the other's
+    work, so an event is never left unseen beside a run that waits for it.
+    """
+    with transaction.atomic(using=_using()):
+        if not leases.lock_held(claim):
+            return LOST, None
+        passed = until is not None and until <= timezone.now()
+        taken = events.take(claim.run_id, name, key, sent_by=until if passed else None)
+        outcome = EVENT_TAKEN
+        if taken is None and passed:
+            taken, outcome = {"timed_out": True}, EVENT_TIMED_OUT
+        if taken is not None:
+            # Under the row lock taken above: the lease holds until this commits.
+            if not steps.record(claim, key, seq, output=taken):
+                raise DatabaseError(f"run {claim.run_id}: the step {key!r} was not recorded")
+            return outcome, taken
+        fields = {"awaiting": None, "awaiting_event": name, "run_at": until or NO_DEADLINE}
+        return _suspend(claim, **fields), None
+
+
+def deliver_event(
+    run_id: int, name: str, payload: Any, tenant_id: str | None
+) -> tuple[JobEvent, str]:
+    """Store an event ``name`` for an unfinished run, in the caller's transaction, and
+    wake the run if it waits for that name; the event and the run's job type.
+    ``RunNotFound`` for a missing run (or another tenant's), ``InvalidTransition``
+    for a finished one: nothing is stored."""
+    with transaction.atomic(using=_using()):
+        run = lock_run(run_id, tenant_id)
+        if run.status not in UNFINISHED_STATUSES:
+            raise InvalidTransition(
+                f"run {run_id} has finished ({run.status}): no wait would ever read "
+                f"the event {name!r}"
+            )
+        event = events.store(run.pk, name, payload)
+        woken = (
+            runs()
+            .filter(pk=run.pk, status=Status.WAITING, awaiting_event=name)
+            .update(status=Status.PENDING, run_at=Now(), awaiting_event=None)
+        )
+        if woken:
+            notify_pools([run.pool])
+    return event, run.job_type
 
 
 def wake_sleepers(limit: int = 1000) -> int:
@@ -520,7 +587,11 @@ def wake_sleepers(limit: int = 1000) -> int:
         ]
         if not rows:
             return 0
-        woken = runs().filter(pk__in=[row["id"] for row in rows]).update(status=Status.PENDING)
+        woken = (
+            runs()
+            .filter(pk__in=[row["id"] for row in rows])
+            .update(status=Status.PENDING, awaiting_event=None)
+        )
         notify_pools(row["pool"] for row in rows)
     return int(woken)
 

@@ -191,6 +191,12 @@ def holds(claim: Claim) -> bool:
     return bool(fenced(claim).exists())
 
 
+def lock_held(claim: Claim) -> bool:
+    """Lock the run's row (in the caller's transaction) while it is running under
+    this lease; whether it is."""
+    return bool(fenced(claim).select_for_update().values_list("pk", flat=True).first())
+
+
 def cancel_requested(run_ids: list[int]) -> list[int]:
     """Of ``run_ids``, those asked to cancel or no longer running (taken away)."""
     if not run_ids:

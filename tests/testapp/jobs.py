@@ -513,3 +513,38 @@ def limited_per_key(ctx: JobContext) -> None:
 async def limited_async(ctx: JobContext) -> None:
     """``tests.limited`` as an async handler: claimed for the event loop, limited alike."""
     await asyncio.sleep(ctx.input.get("seconds", 0))
+
+
+def _event_options(ctx: JobContext) -> dict[str, Any]:
+    return {key: ctx.input[key] for key in ("timeout", "default") if key in ctx.input}
+
+
+@job("tests.approval", retry=RetryPolicy(attempts=3, base_delay=0))
+def approval(ctx: JobContext) -> list[Any]:
+    """Waits for ``count`` events ``event`` (``approved``), each recorded in
+    Execution once taken; fails its first attempt after them when ``fail_once``."""
+    name = ctx.input.get("event", "approved")
+    taken = []
+    for _ in range(ctx.input.get("count", 1)):
+        taken.append(ctx.wait_for_event(name, **_event_options(ctx)))
+        record(ctx)
+        time.sleep(ctx.input.get("sleep_after", 0))
+    if ctx.input.get("fail_once") and ctx.attempt == 1:
+        raise RuntimeError("after the events")
+    return taken
+
+
+@job("tests.async_approval")
+async def async_approval(ctx: JobContext) -> list[Any]:
+    name = ctx.input.get("event", "approved")
+    return [
+        await ctx.await_event(name, **_event_options(ctx)) for _ in range(ctx.input.get("count", 1))
+    ]
+
+
+@job("tests.waits_inside")
+def waits_inside(ctx: JobContext) -> Any:
+    """Blocks on another run from inside a handler: refused."""
+    from django_jobs.models import JobRun
+
+    return JobRun.objects.get(pk=ctx.input["run"]).wait(timeout=1)

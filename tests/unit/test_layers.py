@@ -2,8 +2,9 @@
 
 The layers, lowest first, are described in docs/architecture.md. Imports made
 only for type checking (under ``if TYPE_CHECKING:``) do not count; imports inside
-functions do. The one upward import allowed is ``JobHandler.start`` (and
-``start_many``) calling the API, lazily.
+functions do. The upward imports allowed are ``JobHandler.start`` (and
+``start_many``) calling the API, and ``JobRun.wait`` (and ``await_result``)
+calling the results service, lazily.
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
         frozenset(
             {
                 "api",
+                "events",
+                "results",
+                "debounce",
+                "handling",
                 "attempt",
                 "context",
                 "execution",
@@ -83,8 +88,11 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ),
 )
 
-# (importer, imported): JobHandler.start and start_many enqueue through the API.
-ALLOWED = frozenset({("django_jobs.registry", "django_jobs.api")})
+# (importer, imported): JobHandler.start and start_many enqueue through the API;
+# JobRun.wait and await_result wait through the results service.
+ALLOWED = frozenset(
+    {("django_jobs.registry", "django_jobs.api"), ("django_jobs.models", "django_jobs.results")}
+)
 
 
 def module_name(path: Path) -> str:
