@@ -85,6 +85,8 @@ PLAN = [
     ("django_jobs", "ratelimit"),
     # Drains beside a backlog of runs the claim cannot take.
     ("django_jobs", "held"),
+    # Events into runs and callers waiting for runs.
+    ("django_jobs", "events"),
 ]
 # The round on MariaDB: the cases that run there. PgQueuer and Procrastinate are
 # PostgreSQL queues; django_jobs' history, rss and io cases are written for PostgreSQL.
@@ -96,9 +98,20 @@ MARIADB_PLAN = [
     ("django_jobs", "steps"),
     ("django_jobs", "ratelimit"),
     ("django_jobs", "held"),
+    ("django_jobs", "events"),
 ]
 CASES = {
-    "django_jobs": ["drain1", "drain2", "steps", "history", "rss", "io", "ratelimit", "held"],
+    "django_jobs": [
+        "drain1",
+        "drain2",
+        "steps",
+        "history",
+        "rss",
+        "io",
+        "ratelimit",
+        "held",
+        "events",
+    ],
     "pgqueuer": ["drain1", "drain2", "io"],
     "procrastinate": ["drain1", "drain2", "io"],
     "django_tasks_db": ["drain1", "drain2"],
@@ -107,6 +120,8 @@ CASE_TIMEOUT = 1800  # seconds; a driver still running then is stopped
 # The io case's runs unless --n is given: the issue's figure (at --io-concurrency 500
 # ten waves of 0.1 s); --quick: 1,000, as Procrastinate takes ~20 s over 5,000.
 IO_N, IO_N_QUICK = 5000, 1000
+# The events case's runs waiting for one event each, unless --n is given (issue 30).
+EVENTS_N, EVENTS_N_QUICK = 10000, 1000
 # The ratelimit case's runs (--ratelimit-runs; not --n: at 20/s every 1,000 runs take
 # 50 s): 600 at 20 a second, ~30 s, as tests/process/test_rate_limits_process.py;
 # --quick: 200, ~10 s.
@@ -272,6 +287,7 @@ def parse_args() -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be a positive integer")
     quick = args.quick
     args.io_n = args.n if args.n is not None else (IO_N_QUICK if quick else IO_N)
+    args.events_n = args.n if args.n is not None else (EVENTS_N_QUICK if quick else EVENTS_N)
     defaults = {
         "rounds": (3, 1),
         "n": (20000, 2000),
@@ -379,7 +395,11 @@ def run_case(system: str, case: str, rnd: int, args: argparse.Namespace) -> dict
         "--case",
         case,
         "--n",
-        str({"io": args.io_n, "ratelimit": args.ratelimit_runs}.get(case, args.n)),
+        str(
+            {"io": args.io_n, "ratelimit": args.ratelimit_runs, "events": args.events_n}.get(
+                case, args.n
+            )
+        ),
         "--concurrency",
         str(args.concurrency),
         "--lat-samples",
@@ -547,6 +567,7 @@ def machine_info(systems: Sequence[str], args: argparse.Namespace) -> dict[str, 
                 "history",
                 "rss_runs",
                 "io_n",
+                "events_n",
                 "io_concurrency",
                 "ratelimit_runs",
                 "ratelimit_rate",

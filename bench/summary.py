@@ -7,6 +7,7 @@ Median (min-max) over rounds; ratios are taken within each round, then their med
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import statistics
@@ -176,6 +177,7 @@ def summarize(records: list[dict[str, Any]], raw_name: str) -> str:
         *io_section(rec),
         *ratelimit_section(rec),
         *held_section(rec),
+        *events_section(rec),
         *every_system(rec),
     ]
     lines += [
@@ -394,6 +396,44 @@ def held_section(rec: Records) -> list[str]:
     return [*lines, ""]
 
 
+# The events case's targets (issue 30): p50s on PostgreSQL.
+EVENT_TARGET_MS = 10.0
+
+
+def events_section(rec: Records) -> list[str]:
+    """The events case (django_jobs): an event's way into a waiting run, a caller's
+    wait for a run's end, and many runs waiting for one event each."""
+    runs = [r for r in rec.ok if r["case"] == "events"]
+    if not runs:
+        return []
+    value = functools.partial(rec.values, "django_jobs", "events")
+    event_p50, wait_p50 = value("event_p50_ms"), value("wait_p50_ms")
+    met = (
+        "yes"
+        if max(event_p50) <= EVENT_TARGET_MS and max(wait_p50) <= EVENT_TARGET_MS
+        else "**no**"
+    )
+    return [
+        "## Events and results (events)",
+        "",
+        "With one idle worker: from `send_event()`'s commit to the waiting handler's next"
+        " line, and from a run's `finished_at` to `run.wait()` returning"
+        f" (target p50 {EVENT_TARGET_MS:g} ms or less on PostgreSQL: {met}).",
+        "",
+        "| measure | p50 ms | p90 ms |",
+        "|---|---|---|",
+        f"| event sent to handler | {mmm(event_p50, '.2f')} | {mmm(value('event_p90_ms'), '.2f')} |",
+        f"| run finished to wait() | {mmm(wait_p50, '.2f')} | {mmm(value('wait_p90_ms'), '.2f')} |",
+        "",
+        f"{runs[0]['n']:,} runs each waiting for one event: all waiting after"
+        f" {mmm(value('events_waiting_s'), '.2f')} s, the worker holding"
+        f" {mmm(value('events_worker_threads'), '.0f')} threads; the events sent in one"
+        f" transaction in {mmm(value('events_send_s'), '.2f')} s, then drained in"
+        f" {mmm(value('events_drain_s'), '.2f')} s ({mmm(value('events_drain_per_s'))} runs/s).",
+        "",
+    ]
+
+
 def every_system(rec: Records) -> list[str]:
     """A row per system measured: its drain rates, bulk enqueue, latency, foreign load."""
     values, pooled = rec.values, rec.pooled
@@ -507,6 +547,7 @@ def summarize_mariadb(records: list[dict[str, Any]], raw_name: str) -> str:
         "",
         *ratelimit_section(rec),
         *held_section(rec),
+        *events_section(rec),
         *every_system(rec),
         "",
         "django_jobs, more: "

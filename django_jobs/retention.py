@@ -1,4 +1,4 @@
-"""Deleting finished runs and their steps in batches (``manage.py prunejobs``).
+"""Deleting finished runs and their steps (and events) in batches (``manage.py prunejobs``).
 
 A run goes with its whole family: a top-level run (no parent) that finished
 before the cutoff is deleted together with its descendants and every step of
@@ -29,7 +29,7 @@ from django.db.models import DateTimeField, ExpressionWrapper, Value
 from django.db.models.functions import Now
 
 from . import conf, ratelimits
-from .models import FINISHED_STATUSES, JobRun, JobStep
+from .models import FINISHED_STATUSES, JobEvent, JobRun, JobStep
 from .registry import all_handlers
 from .storage import ratelimits as limit_rows
 from .storage import vendors
@@ -111,6 +111,8 @@ def _prune_batch(roots: Any, runs: Any, batch: list[int], result: Pruned, dry_ru
         result.steps += JobStep.objects.using(runs.db).filter(run_id__in=doomed).count()
         return
     result.steps += _delete(JobStep._meta.db_table, "run_id", doomed)
+    # Their events, kept or taken, go with them (counted with neither).
+    _delete(JobEvent._meta.db_table, "run_id", doomed)
     result.runs += _delete(JobRun._meta.db_table, "id", doomed)
 
 

@@ -75,6 +75,8 @@ class PoolStatus:
     # Pending runs held until their rate limit's window opens (counted in
     # rate_limited too).
     held_for_rate: int = 0
+    # Waiting runs that wait for an event (ctx.wait_for_event; counted in "waiting").
+    waiting_for_event: int = 0
     # The pool's own rate limit (DJANGO_JOBS["RATE_LIMITS"]), as written: "100/m".
     rate_limit: str | None = None
 
@@ -152,6 +154,7 @@ class Snapshot:
                     "held_for_key": pool.held_for_key,
                     "held_for_tenant": pool.held_for_tenant,
                     "held_for_rate": pool.held_for_rate,
+                    "waiting_for_event": pool.waiting_for_event,
                     "rate_limit": pool.rate_limit,
                 }
                 for pool in self.pools
@@ -243,6 +246,10 @@ def snapshot(
     held = runs.filter(status=Status.PENDING, hold=Hold.RATE)
     for row in held.values("pool").annotate(n=Count("id")):
         pool(row["pool"]).held_for_rate = row["n"]
+    # Through django_jobs_run_waiting (the waiting runs alone).
+    events = runs.filter(status=Status.WAITING, awaiting_event__isnull=False)
+    for row in events.values("pool").annotate(n=Count("id")):
+        pool(row["pool"]).waiting_for_event = row["n"]
     due = runs.filter(status=Status.PENDING, run_at__lte=Now()).values("pool")
     for oldest in due.annotate(lag=_since(Min("run_at"))):
         pool(oldest["pool"]).oldest_pending = max(oldest["lag"], timedelta(0))

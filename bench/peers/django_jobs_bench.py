@@ -65,6 +65,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     case = args.case
     if case == "held":
         return measure_held(args)
+    if case == "events":
+        return measure_events(args)
     record: dict[str, Any] = {"workers": 2 if case == "drain2" else 1}
     if case == "history":
         record.update(insert_history(args.history))
@@ -482,6 +484,99 @@ def _fair(args: argparse.Namespace, cmd: list[str]) -> dict[str, Any]:
         "fair_wait_max_s": round(waits[-1], 4),
         "fair_backlog_left": JobRun.objects.filter(tenant_id="a", started_at__gt=last).count(),
     }
+
+
+# The events case: samples of each latency, and the runs that wait for one event each.
+EVENT_SAMPLES = 200
+
+
+def measure_events(args: argparse.Namespace) -> dict[str, Any]:
+    """With one idle worker: the time from ``send_event()``'s commit to the handler's
+    next line, and from a run's ``finished_at`` to ``run.wait()`` returning, over
+    EVENT_SAMPLES each; then ``--n`` runs (10,000) each waiting for one event, the
+    events sent in one transaction, drained, with the worker's thread count."""
+    import random
+
+    from django.db import transaction
+
+    from django_jobs import send_event, start, start_many
+    from django_jobs.models import JobRun
+
+    samples = min(EVENT_SAMPLES, args.n)
+    record: dict[str, Any] = {"workers": 1}
+    with common.Workers("django_jobs_events", [worker_cmd(args)], PROJECT, {}) as workers:
+        common.wait_started(LAT_FILE, lambda tag: start("bench.latency", {"tag": tag}))
+        sent: list[float] = []
+        for n in range(samples):
+            tag = f"e{n}-{random.randrange(1 << 30)}"
+            run = start("bench.await_event", {})
+            _wait_status(run.pk, "waiting")
+            time.sleep(random.uniform(0.05, 0.2))  # idle, as a webhook finds it
+            send_event(run, "go", {"tag": tag})  # autocommit: committed on return
+            at = time.time()
+            while (mark := common._read_marks(LAT_FILE).get(tag)) is None:
+                if time.time() - at > 15:
+                    raise TimeoutError(f"event {tag} not taken after 15 s")
+                time.sleep(0.001)
+            sent.append((mark - at) * 1000)
+        waited: list[float] = []
+        for _ in range(samples):
+            run = start("bench.noop", {})
+            run.wait(timeout=30)
+            returned = time.time()
+            finished = JobRun.objects.values_list("finished_at", flat=True).get(pk=run.pk)
+            waited.append((returned - finished.timestamp()) * 1000)
+        record.update(_event_figures("event", sent), **_event_figures("wait", waited))
+        base = last_id()
+        t = time.perf_counter()
+        start_many("bench.await_event", [{}] * args.n)
+        waiting_sql = (
+            f"SELECT count(*) FROM django_jobs_jobrun WHERE id > {base} AND status = 'waiting'"
+        )
+        common.wait_drained(DB, waiting_sql, args.n, workers)
+        record["events_waiting_s"] = round(time.perf_counter() - t, 2)
+        record["events_worker_threads"] = _threads(workers.procs[0].pid)
+        ids = list(JobRun.objects.filter(pk__gt=base).values_list("pk", flat=True))
+        t = time.perf_counter()
+        with transaction.atomic():
+            for run_id in ids:
+                send_event(run_id, "go", None)
+        record["events_send_s"] = round(time.perf_counter() - t, 2)
+        t = time.perf_counter()
+        done_sql = f"SELECT count(*) FROM django_jobs_jobrun WHERE id > {base} AND status IN {TERMINAL}"
+        common.wait_drained(DB, done_sql, args.n, workers)
+        record["events_drain_s"] = round(time.perf_counter() - t, 2)
+        record["events_drain_per_s"] = round(args.n / record["events_drain_s"], 1)
+    return record
+
+
+def _event_figures(name: str, values: list[float]) -> dict[str, Any]:
+    return {
+        f"{name}_p50_ms": round(statistics.median(values), 2),
+        f"{name}_p90_ms": round(common.percentile(values, 90), 2),
+    }
+
+
+def _wait_status(run_id: int, status: str, timeout: float = 15) -> None:
+    from django_jobs.models import JobRun
+
+    deadline = time.monotonic() + timeout
+    while not JobRun.objects.filter(pk=run_id, status=status).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"run {run_id} not {status} after {timeout} s")
+        time.sleep(0.002)
+
+
+def _threads(pid: int) -> int | None:
+    """The threads of process ``pid`` (Linux), or None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Threads:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
 
 
 def _stale_statistics() -> None:

@@ -19,14 +19,15 @@ from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from .. import conf
-from ..models import FINISHED_STATUSES, JobRun, Status, Worker
+from ..models import FINISHED_STATUSES, UNFINISHED_STATUSES, JobRun, Status, Worker
 from ..payloads import cut
 from ..registry import all_handlers
 from ..snapshot import POOLS_TEXT, PROGRESS_TEXT, pool_names, read_stored, text_of
 from ..storage import vendors
-from . import display, waits
+from . import display, events, waits
 from .display import EMPTY
 from .downloads import DownloadsMixin
+from .events import SendEventMixin
 from .labels import FieldLabels
 from .operations import OperationsMixin
 from .params import CheckedChangeList, an_id
@@ -132,6 +133,7 @@ class JobRunAdmin(  # type: ignore[misc]
     DownloadsMixin,
     PoolsPageMixin,
     OperationsMixin,
+    SendEventMixin,
     CheckedChangeList,
     FieldLabels,
     admin.ModelAdmin,  # type: ignore[type-arg]
@@ -224,6 +226,7 @@ class JobRunAdmin(  # type: ignore[misc]
         ),
         (_("Data"), {"fields": ["input_pretty", "output_pretty"]}),
         (_("Steps"), {"fields": ["step_timeline"]}),
+        (_("Events"), {"fields": ["event_list"]}),
         (
             _("Family"),
             {
@@ -405,8 +408,13 @@ class JobRunAdmin(  # type: ignore[misc]
 
     @admin.display(description=_("waits for"))
     def waits_for(self, run: JobRun) -> SafeString | str:
-        """What keeps a pending run from running (``admin.waits``)."""
-        return waits.waits_for(run) or EMPTY
+        """What keeps a pending run from running (``admin.waits``), or the event a
+        waiting run waits for (``admin.events``)."""
+        return waits.waits_for(run) or events.waiting_for_event(run) or EMPTY
+
+    @admin.display(description=_("events"))
+    def event_list(self, run: JobRun) -> SafeString | str:
+        return events.event_list(run)
 
     @admin.display(description=_("trigger"))
     def trigger(self, run: JobRun) -> str:
@@ -430,7 +438,13 @@ class JobRunAdmin(  # type: ignore[misc]
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
     ) -> Any:
         run = self.get_object(request, object_id)
-        extra = {**(extra_context or {}), "run_operations": self.run_operations(request, run)}
+        extra = {
+            **(extra_context or {}),
+            "run_operations": self.run_operations(request, run),
+            "can_send_event": run is not None
+            and run.status in UNFINISHED_STATUSES
+            and self.has_send_event_permission(request),
+        }
         if run is not None:
             extra["run_summary"] = self.run_summary(run)
         return super().change_view(request, object_id, form_url, extra)

@@ -17,9 +17,9 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from ..models import FINISHED_STATUSES, UNSUCCESSFUL_STATUSES, JobRun, Status
+from ..models import FINISHED_STATUSES, NO_DEADLINE, UNSUCCESSFUL_STATUSES, JobRun, Status
 from ..payloads import Unreadable, cut
-from . import display, errors
+from . import display, errors, events
 from .display import EMPTY
 
 
@@ -67,6 +67,8 @@ class RunSummaryMixin:
                 if due
                 else gettext("due now")
             )
+        elif run.status == Status.WAITING and run.awaiting_event:
+            note = events.waiting_for_event(run) or ""
         elif run.status == Status.WAITING:
             note = (
                 gettext("waiting for its child runs")
@@ -117,6 +119,8 @@ class RunSummaryMixin:
 
     @admin.display(description=_("run at"))
     def due(self, run: JobRun) -> SafeString | str:
+        if run.awaiting_event and run.run_at is not None and run.run_at >= NO_DEADLINE:
+            return gettext("no deadline")
         return display.timestamp(run.run_at)
 
     @admin.display(description=_("started at (latest execution)"))

@@ -232,3 +232,34 @@ def test_concurrent_debounced_starts_leave_one_run() -> None:
     assert run.input["n"] in range(8)
     last = start("tests.echo", {"n": "last"}, idempotency_key="burst", debounce=30)
     assert (last.pk, fresh(last).input) == (run.pk, {"n": "last"})
+
+
+def test_jobstatus_counts_the_runs_waiting_for_an_event() -> None:
+    from django_jobs.management.commands.jobstatus import render
+    from django_jobs.snapshot import snapshot
+
+    for _ in range(3):
+        start("tests.approval")
+    start("tests.approval", pool="other")
+    drain()
+    shot = snapshot()
+    by_pool = {pool.name: pool for pool in shot.pools}
+    assert (by_pool["default"].waiting_for_event, by_pool["other"].waiting_for_event) == (3, 1)
+    assert by_pool["default"].counts["waiting"] == 3
+    assert "default waiting: 3 runs wait for an event" in render(shot)
+    (default,) = [p for p in shot.as_json()["pools"] if p["pool"] == "default"]
+    assert default["waiting_for_event"] == 3
+
+
+def test_pruning_a_finished_run_deletes_its_events() -> None:
+    from django_jobs.retention import prune
+
+    run = start("tests.approval")
+    send_event(run, "approved", "taken")
+    send_event(run, "other", "kept")
+    drain()
+    assert fresh(run).status == Status.COMPLETED
+    JobRun.objects.filter(pk=run.pk).update(finished_at=timezone.now() - timedelta(days=30))
+    result = prune(older_than=timedelta(days=7))
+    assert result.runs == 1
+    assert not JobEvent.objects.exists()

@@ -9,7 +9,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from django_jobs import context, retry
+from django_jobs import context, handling, retry
 from django_jobs.attempt import Attempt
 from django_jobs.context import JobContext, LeaseLost
 from django_jobs.models import JobRun, Status
@@ -170,7 +170,7 @@ def test_bad_message_is_refused_and_a_long_one_is_cut() -> None:
     with pytest.raises(ValueError, match="message must be a string"):
         ctx.set_progress(1, 2, message=3)  # type: ignore[arg-type]
     ctx.set_progress(1, 2, message="x" * 5000)
-    assert len(stored(run)["message"]) == context.MAX_PROGRESS_MESSAGE
+    assert len(stored(run)["message"]) == handling.MAX_PROGRESS_MESSAGE
 
 
 def test_manual_retry_clears_the_old_progress() -> None:

@@ -132,8 +132,8 @@ def test_a_row_whose_starts_cannot_be_decoded_is_judged_by_its_last_use() -> Non
 
 @pytest.mark.parametrize("round", range(3))
 def test_a_prune_racing_claims_never_lets_a_key_start_twice_in_its_window(round: int) -> None:
-    """30 keys under 2 starts per 0.3 s get runs in threes, 0.05 s apart, three every
-    second, while 3 claimers admit them and a pruner deletes the rows of keys with
+    """30 keys under 2 starts per 0.3 s get runs in threes, 0.05 s apart, a three every
+    1.6 s, while 3 claimers admit them and a pruner deletes the rows of keys with
     no run waiting and an empty window. After the first of three starts, no run of
     its key waits, and its window, not full (not held), holds that start: a prune
     that deleted that row would let all three start within 0.3 s. Between the
@@ -150,7 +150,10 @@ def test_a_prune_racing_claims_never_lets_a_key_start_twice_in_its_window(round:
     def feed() -> None:
         try:
             for _ in range(threes):
-                for pause in (0.05, 0.05, 0.9):
+                # The last pause leaves each key idle (window empty, no run
+                # waiting) for a while, however slowly the claims admit its third
+                # run: long enough for the pruner to find rows to delete.
+                for pause in (0.05, 0.05, 1.5):
                     JobRun.objects.bulk_create(
                         JobRun(job_type="tests.limited_per_key", rate_key=f"k{key}")
                         for key in range(keys)

@@ -183,3 +183,23 @@ def test_a_second_worker_is_refused_until_the_first_is_gone(
     third.signal(signal.SIGTERM)
     assert third.wait(timeout=30) == 0, third.output()
     assert not Path(f"{database}.django_jobs-worker.lock").exists()
+
+
+def test_events_and_waits_for_results_on_one_process(start_sqlite_worker: StartWorker) -> None:
+    from django_jobs import send_event
+
+    waiting = start_many("tests.approval", [{"count": 2}] * 5)
+    async_waiting = start_many("tests.async_approval", [{}] * 5)
+    worker = start_sqlite_worker("--pool", "default", "--concurrency", "4")
+    both = [*waiting, *async_waiting]
+    wait_until(lambda: statuses(both) == {Status.WAITING}, timeout=60)
+    for run in both:
+        send_event(run, "approved", {"run": run.pk})
+    for run in waiting:
+        send_event(run, "approved", "second")
+    # A caller's wait polls the file (no LISTEN on SQLite).
+    assert waiting[0].wait(timeout=60) == [{"run": waiting[0].pk}, "second"]
+    wait_until(lambda: statuses(both) == {Status.COMPLETED}, timeout=60)
+    assert runs().get(pk=async_waiting[0].pk).output == [{"run": async_waiting[0].pk}]
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=60) == 0, worker.output()

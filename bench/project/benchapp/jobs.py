@@ -79,3 +79,13 @@ if os.environ.get("BENCH_ASYNC_HOLD") == "1":
     @job("bench.anoop")
     async def anoop(ctx: JobContext) -> None:
         return None
+
+
+@job("bench.await_event")
+def await_event(ctx: JobContext) -> None:
+    """The events case: waits for the event ``go``; a payload with a tag marks, in the
+    latency file, when the handler's next line ran."""
+    payload = ctx.wait_for_event("go")
+    if isinstance(payload, dict) and payload.get("tag"):
+        with open(os.environ["BENCH_LAT_FILE"], "a") as f:
+            f.write(f"{payload['tag']} {time.time()}\n")

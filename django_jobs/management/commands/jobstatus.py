@@ -82,6 +82,8 @@ def render(shot: Snapshot) -> str:
                 f"  {pool.name} held: {pool.held_for_tenant} pending runs wait for their"
                 " tenant's cap"
             )
+        if pool.waiting_for_event:
+            lines.append(f"  {pool.name} waiting: {pool.waiting_for_event} runs wait for an event")
     lines += ["", f"Workers ({len(shot.workers)})"]
     for worker in shot.workers:
         flag = "  STALE" if worker.stale else ""
