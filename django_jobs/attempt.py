@@ -113,6 +113,14 @@ class Attempt:
                 self._outcome_owner = "handler"
             return self._outcome_owner == "handler"
 
+    def yield_outcome(self) -> None:
+        """Handler's thread: give the outcome back after a wait that did not suspend
+        (an event was there, or its deadline had passed): the worker may end the
+        run over the handler's head again (a timeout, an ignored cancel)."""
+        with self._outcome_lock:
+            if self._outcome_owner == "handler":
+                self._outcome_owner = None
+
     # --- an async handler's task -------------------------------------------------
 
     def bind_task(self) -> None:

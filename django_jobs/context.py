@@ -436,6 +436,8 @@ class JobContext:
         self._before_wait()
         outcome, output = transitions.take_event(self._claim, name, key, seq, until)
         if outcome in (transitions.EVENT_TAKEN, transitions.EVENT_TIMED_OUT):
+            # Not suspended: the attempt goes on, under its timeout and cancel grace.
+            self._attempt.yield_outcome()
             self._remember(key, output)
             if outcome == transitions.EVENT_TAKEN and event_consumed.receivers:
                 event_consumed.send_robust(

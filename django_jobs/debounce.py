@@ -1,7 +1,8 @@
 """Debounced starts: ``start(..., idempotency_key=K, debounce=seconds)``.
 
 While the run of key ``K`` has not started (pending, never claimed), a new start
-moves it to now + ``debounce`` and gives it the new input (the last one wins)
+moves it to now + ``debounce`` and gives it the new input and options (the last
+one wins: its concurrency and rate keys, priority, pool and tags too)
 instead of adding a run; once it has started, a new start makes a new run,
 which takes the key over (the started run keeps running without it). Starts of
 one key queue on the existing run's row lock, so concurrent starts leave one
@@ -36,8 +37,19 @@ def start_debounced(run: JobRun) -> JobRun:
                 and found["started_at"] is None
                 and found["status"] == Status.PENDING
             ):
+                # The last start's input, and what was derived from it and from
+                # its options (its keys, priority, pool, tags), win.
                 runs.filter(pk=found["id"]).update(
-                    input=run.input, run_at=run.run_at, turn=run.turn
+                    input=run.input,
+                    run_at=run.run_at,
+                    turn=run.turn,
+                    hold=run.hold,
+                    concurrency_key=run.concurrency_key,
+                    concurrency_limit=run.concurrency_limit,
+                    rate_key=run.rate_key,
+                    priority=run.priority,
+                    pool=run.pool,
+                    tags=run.tags,
                 )
                 moved: JobRun = runs.get(pk=found["id"])
                 return moved

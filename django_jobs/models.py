@@ -555,7 +555,10 @@ class JobEvent(models.Model):
         verbose_name = _("job event")
         verbose_name_plural = _("job events")
         ordering = ["run", "id"]
-        indexes = [models.Index(fields=["run", "name", "id"], name="django_jobs_event_run")]
+        # A wait takes the oldest event of its name not taken yet: read past none taken.
+        indexes = [
+            models.Index(fields=["run", "name", "consumed_at", "id"], name="django_jobs_event_run")
+        ]
 
     def __str__(self) -> str:
         return f"event {self.name!r} to run {self.run_id}"

@@ -9,6 +9,10 @@ through its snapshot. It also reads the status every ``_RECHECK`` seconds, in
 case a notification does not come (a pooler that drops it). Elsewhere the
 caller polls the run on its own connection, every 10 ms at first, then less
 often, up to every ``_LONGEST_POLL`` seconds.
+
+A run already finished is read on the caller's connection first (one a test
+ran with ``drain()`` in its own transaction); inside a transaction, a wait for a
+run that has not finished is refused, since the transaction may hold it back.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from datetime import timedelta
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.db import connections
 
 from . import conf
 from .api import _refuse_event_loop
@@ -58,6 +63,10 @@ def wait_for_result(run: JobRun, timeout: float | timedelta | None) -> Any:
     _refuse_event_loop("JobRun.wait", instead="await run.await_result(...)")
     _refuse_in_handler("wait")
     deadline = _deadline(timeout)
+    row = _read(run.pk)  # on the caller's connection: a run it finished itself (drain())
+    if row is not None:
+        return _outcome(run, row)
+    _refuse_in_transaction(run)
     with _watcher(run.pk) as watcher:
         pause = _FIRST_POLL
         while (row := watcher.read()) is None:
@@ -74,6 +83,10 @@ async def await_result(run: JobRun, timeout: float | timedelta | None) -> Any:
     """``JobRun.await_result``: ``wait`` for async code, without blocking the loop."""
     _refuse_in_handler("await_result")
     deadline = _deadline(timeout)
+    row = await sync_to_async(_read, thread_sensitive=True)(run.pk)
+    if row is not None:
+        return _outcome(run, row)
+    await sync_to_async(_refuse_in_transaction, thread_sensitive=True)(run)
     if _listening():
         return await _await_listening(run, deadline, timeout)
     pause = _FIRST_POLL
@@ -93,19 +106,29 @@ async def _await_listening(run: JobRun, deadline: float | None, timeout: Any) ->
         **raw_connection_params(), autocommit=True
     ) as connection:
         await connection.execute(f"LISTEN {CHANNEL}")
-        await connection.execute(_MARK, [run.pk])
+        await connection.execute(_LOCK_TIMEOUT)
+        marked = False
         while True:
+            if not marked:
+                try:
+                    await connection.execute(_MARK, [run.pk])
+                    marked = True
+                except psycopg.errors.LockNotAvailable:
+                    pass  # another transaction holds the run: read it again soon
             cursor = await connection.execute(_READ, [run.pk])
             row = _finished(await cursor.fetchone(), run.pk)
             if row is not None:
                 return _outcome(run, row)
             left = _left(run, deadline, timeout)
-            async for _note in connection.notifies(timeout=min(left, _RECHECK), stop_after=1):
-                break
+            async for note in connection.notifies(timeout=min(left, _RECHECK)):
+                if note.payload == str(run.pk):
+                    break
 
 
 # --- the wait's connection ---------------------------------------------------------------
 
+# The mark waits this long at most for a lock another transaction holds on the run.
+_LOCK_TIMEOUT = "SET lock_timeout = '200ms'"
 _MARK = f"UPDATE {JobRun._meta.db_table} SET awaited = TRUE WHERE id = %s AND NOT awaited"
 _READ = (
     f"SELECT status, output::text, error::text, cancel_reason "
@@ -129,17 +152,30 @@ class _Watcher:
         self.run_id = run_id
         self.connection = connection
         self.listens = connection is not None
+        self.marked = False
 
     def read(self) -> tuple[Any, ...] | None:
-        """The run's row once it has finished, else None."""
+        """The run's row once it has finished, else None (marking the run awaited
+        first, until that is done: a lock another transaction holds on the run
+        delays the mark, never the wait)."""
         if self.connection is None:
             return _read(self.run_id)
+        import psycopg
+
+        if not self.marked:
+            try:
+                self.connection.execute(_MARK, [self.run_id])
+                self.marked = True
+            except psycopg.errors.LockNotAvailable:
+                pass
         return _finished(self.connection.execute(_READ, [self.run_id]).fetchone(), self.run_id)
 
     def hear(self, seconds: float) -> None:
-        """Wait up to ``seconds`` for a notification that some awaited run ended."""
-        for _note in self.connection.notifies(timeout=max(seconds, 0.0), stop_after=1):
-            break
+        """Wait up to ``seconds`` for the notification that this run ended (other
+        awaited runs' are passed over)."""
+        for note in self.connection.notifies(timeout=max(seconds, 0.0)):
+            if note.payload == str(self.run_id):
+                break
 
 
 @contextmanager
@@ -151,7 +187,7 @@ def _watcher(run_id: int) -> Iterator[_Watcher]:
 
     with psycopg.connect(**raw_connection_params(), autocommit=True) as connection:
         connection.execute(f"LISTEN {CHANNEL}")
-        connection.execute(_MARK, [run_id])
+        connection.execute(_LOCK_TIMEOUT)
         yield _Watcher(run_id, connection)
 
 
@@ -220,6 +256,20 @@ def _left(run: JobRun, deadline: float | None, timeout: Any) -> float:
         seconds = conf.to_seconds(timeout)
         raise WaitTimeout(f"run {run.pk} has not finished after {seconds:g}s")
     return left
+
+
+def _refuse_in_transaction(run: JobRun) -> None:
+    """Refuse to wait inside a transaction of the jobs database for a run that has
+    not finished: the run may be one the transaction started (no worker sees it
+    before the commit) or changed (locked until the commit), and a wait that
+    blocks the commit would never end."""
+    if connections[conf.get().DATABASE].in_atomic_block:
+        raise RuntimeError(
+            f"run.wait() inside transaction.atomic() (or ATOMIC_REQUESTS) for run {run.pk}, "
+            "which has not finished: a run its transaction started or changed cannot "
+            "finish before it commits. Wait after the commit (transaction.on_commit, or "
+            "@transaction.non_atomic_requests on the view)."
+        )
 
 
 def _refuse_in_handler(name: str) -> None:

@@ -43,7 +43,7 @@ from functools import partial
 from typing import Any
 
 from django.db import DatabaseError, transaction
-from django.db.models import BooleanField, ExpressionWrapper, Q
+from django.db.models import BooleanField, Case, ExpressionWrapper, F, Q, When
 from django.db.models.functions import Now
 from django.dispatch import Signal
 from django.utils import timezone
@@ -362,6 +362,10 @@ def canceled_fields(reason: str) -> dict[str, Any]:
         "finished_at": Now(),
         "lease_token": None,
         "awaiting": None,
+        # A wait for an event without a deadline had run_at far ahead. Before the
+        # event's column: MySQL evaluates SET assignments left to right.
+        "run_at": Case(When(awaiting_event__isnull=False, then=Now()), default=F("run_at")),
+        "awaiting_event": None,
         "cancel_reason": reason,
     }
 

@@ -6,7 +6,10 @@ when a run that a caller waits for (``awaited``) ends, whichever statement ends
 it (a completion, a failure, a cancel, a rescue): ``JobRun.wait()`` listens for
 it. The trigger's condition is evaluated for each row a status change writes;
 runs nobody waits for send nothing. Both new columns have a constant default:
-an instant ADD COLUMN on PostgreSQL 11+ and MariaDB 10.3+.
+an instant ADD COLUMN on PostgreSQL 11+ and MariaDB 10.3+. On MySQL and MariaDB
+the new table gets the binary collation 0002 gave the others, so that a wait
+for "approve" never takes an event named "Approve" (the run's
+``awaiting_event`` compares so too).
 """
 
 from typing import Any
@@ -39,8 +42,15 @@ DROP FUNCTION IF EXISTS django_jobs_notify_finished();
 
 
 def create_trigger(apps: Any, schema_editor: Any) -> None:
-    if schema_editor.connection.vendor == "postgresql":
+    connection = schema_editor.connection
+    if connection.vendor == "postgresql":
         schema_editor.execute(CREATE_TRIGGER)
+    elif connection.vendor == "mysql":
+        server = "mariadb" if connection.mysql_is_mariadb else "mysql"
+        collation = {"mariadb": "utf8mb4_nopad_bin", "mysql": "utf8mb4_0900_bin"}[server]
+        schema_editor.execute(
+            f"ALTER TABLE django_jobs_jobevent CONVERT TO CHARACTER SET utf8mb4 COLLATE {collation}"
+        )
 
 
 def drop_trigger(apps: Any, schema_editor: Any) -> None:
@@ -96,9 +106,11 @@ class Migration(migrations.Migration):
                 "verbose_name_plural": "job events",
                 "ordering": ["run", "id"],
                 "indexes": [
-                    models.Index(fields=["run", "name", "id"], name="django_jobs_event_run")
+                    models.Index(
+                        fields=["run", "name", "consumed_at", "id"], name="django_jobs_event_run"
+                    )
                 ],
             },
         ),
-        migrations.RunPython(create_trigger, drop_trigger, elidable=False),
+        migrations.RunPython(create_trigger, drop_trigger, atomic=False, elidable=False),
     ]

@@ -52,10 +52,6 @@ def take(run_id: int, name: str, step_key: str, sent_by: datetime | None) -> dic
     return {"event": row["id"], "payload": payload}
 
 
-def has_pending(run_id: int, name: str) -> bool:
-    return bool(events().filter(run_id=run_id, name=name, consumed_at__isnull=True).exists())
-
-
 def give_back(run_id: int) -> int:
     """Make every event run ``run_id`` consumed pending again (a retry that resets its
     steps replays its waits, which then take them again, in order)."""

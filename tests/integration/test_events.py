@@ -263,3 +263,47 @@ def test_pruning_a_finished_run_deletes_its_events() -> None:
     result = prune(older_than=timedelta(days=7))
     assert result.runs == 1
     assert not JobEvent.objects.exists()
+
+
+def test_names_match_exactly_on_every_database() -> None:
+    run = start("tests.approval")
+    send_event(run, "Approved", "other case")
+    send_event(run, "approvéd", "other accent")
+    drain()
+    assert fresh(run).status == Status.WAITING
+    send_event(run, "approved", "this one")
+    drain()
+    assert fresh(run).output == ["this one"]
+
+
+def test_a_canceled_wait_leaves_no_deadline_behind() -> None:
+    run = start("tests.approval")
+    drain()
+    cancel(run.pk)
+    done = fresh(run)
+    assert (done.status, done.awaiting_event) == (Status.CANCELED, None)
+    assert done.run_at < timezone.now() + timedelta(seconds=5)
+
+
+def test_wait_inside_a_transaction_returns_a_finished_run_and_refuses_an_unfinished_one() -> None:
+    finished = start("tests.noop")
+    drain()
+    unfinished = start("tests.noop")
+    with transaction.atomic():
+        assert finished.wait(timeout=1) is None
+        with pytest.raises(RuntimeError, match=r"inside transaction\.atomic"):
+            unfinished.wait(timeout=1)
+
+
+def test_a_moved_debounced_run_takes_the_last_starts_keys_and_options() -> None:
+    first = start(
+        "tests.echo", {"n": 1}, idempotency_key="d", debounce=30, concurrency_key="a", priority=1
+    )
+    start("tests.echo", {"n": 2}, idempotency_key="d", debounce=30, concurrency_key="b", tags=["x"])
+    moved = fresh(first)
+    assert (moved.input, moved.concurrency_key, moved.priority, moved.tags) == (
+        {"n": 2},
+        "b",
+        0,
+        ["x"],
+    )

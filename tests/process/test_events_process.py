@@ -92,3 +92,18 @@ def test_a_wait_with_a_timeout_resumes_on_a_worker_at_its_deadline(
     assert time.monotonic() - began >= 1.4
     assert JobRun.objects.get(pk=run.pk).output == ["nobody answered"]
     assert_alive_and_stop_cleanly([worker])
+
+
+def test_a_run_that_took_an_event_without_waiting_is_still_timed_out(
+    start_worker: StartWorker,
+) -> None:
+    run = start("tests.event_then_hang", {"seconds": 8})
+    send_event(run, "go")
+    worker = start_worker("--pool", "default")
+    began = time.monotonic()
+    wait_until(
+        lambda: JobRun.objects.filter(pk=run.pk, status=Status.TIMED_OUT).exists(), timeout=30
+    )
+    assert time.monotonic() - began < 7  # its 1 s timeout, not the handler's 8 s sleep
+    assert Execution.objects.filter(run_id=run.pk).count() == 1
+    assert_alive_and_stop_cleanly([worker])

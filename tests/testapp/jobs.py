@@ -548,3 +548,11 @@ def waits_inside(ctx: JobContext) -> Any:
     from django_jobs.models import JobRun
 
     return JobRun.objects.get(pk=ctx.input["run"]).wait(timeout=1)
+
+
+@job("tests.event_then_hang", timeout=1)
+def event_then_hang(ctx: JobContext) -> None:
+    """Takes an event already sent (no suspension), then outlives its timeout."""
+    ctx.wait_for_event("go")
+    record(ctx)
+    time.sleep(ctx.input.get("seconds", 5))
