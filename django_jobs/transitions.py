@@ -36,37 +36,81 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from functools import partial
 from typing import Any
 
 from django.db import DatabaseError, transaction
-from django.db.models import BooleanField, Case, ExpressionWrapper, F, Q, When
+from django.db.models import Case, F, When
 from django.db.models.functions import Now
 from django.dispatch import Signal
-from django.utils import timezone
 
 from . import conf
-from .exceptions import InvalidTransition, RunNotFound, WorkerLost
+from .exceptions import InvalidTransition, WorkerLost
+from .locking import change_locked, lock_parent, lock_rows, lock_run
 from .models import (
-    NO_DEADLINE,
     RETRYABLE_STATUSES,
     UNFINISHED_STATUSES,
     UNSUCCESSFUL_STATUSES,
     ClosePolicy,
     Hold,
-    JobEvent,
     JobRun,
     JobStep,
     Status,
 )
 from .registry import run_finished
 from .signals import run_canceled, run_failed
-from .storage import events, holds, leases, runs, steps, workers
+from .storage import events, holds, leases, runs, workers
 from .storage.claiming import Claim
 from .storage.notify import notify_pools
+from .waking import (
+    CANCEL_REQUESTED,
+    EVENT_TAKEN,
+    EVENT_TIMED_OUT,
+    LOST,
+    SUSPENDED,
+    deliver_event,
+    suspend_for,
+    suspend_until,
+    take_event,
+    wake_parent,
+    wake_sleepers,
+)
+
+# The waits' transitions live in ``waking`` and the locks in ``locking``: named
+# here too, so that callers find every transition of a run in one place.
+__all__ = [
+    "CANCEL_REQUESTED",
+    "EVENT_TAKEN",
+    "EVENT_TIMED_OUT",
+    "LOST",
+    "SUSPENDED",
+    "Announcement",
+    "announce",
+    "announce_at_commit",
+    "cancel",
+    "cancel_now",
+    "canceled_fields",
+    "close_children",
+    "complete_many",
+    "deliver_event",
+    "finish",
+    "follow_up",
+    "lock_parent",
+    "lock_rows",
+    "lock_run",
+    "release",
+    "request_cancel",
+    "rescue_stale",
+    "retry",
+    "retry_later",
+    "suspend_for",
+    "suspend_until",
+    "take_event",
+    "wake_parent",
+    "wake_sleepers",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -127,76 +171,6 @@ def _ended_handling(error: BaseException, job_type: str, run_id: int) -> None:
     except BaseException:
         error.__traceback__ = traceback  # without this frame
         run_finished(job_type, run_id)
-
-
-# --- locking -------------------------------------------------------------------------
-
-
-def lock_parent(parent_id: int | None) -> None:
-    """Lock a run's parent row first (see the locking rules above)."""
-    if parent_id is not None:
-        list(runs().select_for_update().filter(pk=parent_id).values_list("id"))
-
-
-def lock_rows(
-    run_ids: Iterable[int], *fields: str, skip_locked: bool = False, **expressions: Any
-) -> list[dict[str, Any]]:
-    """Lock the rows of ``run_ids`` by primary key alone, in id order, in the caller's
-    transaction; return their id, ``fields`` and ``expressions`` as read under the lock.
-
-    The statement names the primary key and nothing else, so that no database
-    reads (and locks) an index entry of another run (see the locking rules
-    above). With ``skip_locked``, rows another transaction holds are left out.
-    """
-    ids = sorted(set(run_ids))
-    if not ids:
-        return []
-    locked = runs().select_for_update(skip_locked=skip_locked).filter(pk__in=ids).order_by("pk")
-    return list(locked.values("id", *fields, **expressions))
-
-
-def _change_locked(
-    run_ids: Iterable[int], wanted: Callable[[dict[str, Any]], bool], *fields: str, **changes: Any
-) -> list[dict[str, Any]]:
-    """Lock the rows of ``run_ids``, then write ``changes`` to those ``wanted`` (given
-    their status and ``fields``, read under the lock) by primary key; the rows changed.
-
-    The condition is the one a conditional ``UPDATE`` would have, decided under
-    the lock; the ``UPDATE`` names the ids alone (see the locking rules above).
-    """
-    rows = [row for row in lock_rows(run_ids, "status", *fields) if wanted(row)]
-    if rows:
-        runs().filter(pk__in=[row["id"] for row in rows]).update(**changes)
-    return rows
-
-
-def lock_run(run_id: int, tenant_id: str | None = None, *, parent_first: bool = False) -> JobRun:
-    """Return run ``run_id`` locked for update, within ``tenant_id`` when given.
-
-    With ``parent_first``, the run's parent is locked before the run, for
-    changes that may wake it. Another tenant's run reads like a missing one,
-    and costs what a missing one costs: the tenant is a condition of the
-    statement that finds the run, so another tenant's row is neither locked
-    nor read, and only the columns a transition decides on are loaded (never
-    a payload).
-    """
-    if isinstance(run_id, bool) or not isinstance(run_id, int):
-        raise RunNotFound(f"run ids are integers, got {run_id!r}")
-    found = runs().filter(pk=run_id)
-    if tenant_id is not None:
-        found = found.filter(tenant_id=tenant_id)
-    if parent_first:
-        # None for a run without a parent and for a missing one alike.
-        lock_parent(found.values_list("parent_id", flat=True).first())
-    run: JobRun | None = (
-        found.select_for_update()
-        .only("id", "job_type", "status", "pool", "parent_id", "tenant_id")
-        .first()
-    )
-    if run is None:
-        # The same answer whether the run is missing or another tenant's.
-        raise RunNotFound(f"no run with id {run_id}")
-    return run
 
 
 # --- a claimed run finishes, or goes again -----------------------------------------------
@@ -376,7 +350,7 @@ def cancel_now(run_ids: Iterable[int], reason: str) -> list[int]:
     ``run_canceled`` is sent for each once the caller's transaction commits.
     """
     # Locked, so the rows returned are exactly the rows the UPDATE changes.
-    rows = _change_locked(
+    rows = change_locked(
         run_ids,
         lambda row: row["status"] in UNFINISHED_STATUSES,
         "job_type",
@@ -405,7 +379,7 @@ def request_cancel(run_ids: Iterable[int], reason: str, *, cascade: bool = True)
     if not ids:
         return 0
     with transaction.atomic(using=_using(), savepoint=False):
-        asked = _change_locked(
+        asked = change_locked(
             ids,
             lambda row: row["status"] == Status.RUNNING and row["cancel_requested_at"] is None,
             "cancel_requested_at",
@@ -452,152 +426,6 @@ def retry(run_id: int, *, reset_steps: bool, tenant_id: str | None) -> JobRun:
     # The whole row, now that it is known to be the caller's (lock_run loaded a few columns).
     retried: JobRun = runs().get(pk=run.pk)
     return retried
-
-
-# --- waiting and waking ----------------------------------------------------------------
-
-
-def wake_parent(parent_id: int) -> bool:
-    """Put ``parent_id`` back to pending if it waits and all it awaits has finished."""
-    parent = (
-        runs().select_for_update().filter(pk=parent_id).values("status", "awaiting", "pool").first()
-    )
-    if parent is None or parent["status"] != Status.WAITING or not parent["awaiting"]:
-        return False
-    if runs().filter(pk__in=parent["awaiting"]).unfinished().exists():
-        return False
-    woken = (
-        runs()
-        .filter(pk=parent_id, status=Status.WAITING)
-        .update(status=Status.PENDING, run_at=Now(), awaiting=None)
-    )
-    if woken:
-        notify_pools([parent["pool"]])
-    return bool(woken)
-
-
-# What a suspension attempt found: suspended, taken away, or asked to cancel first.
-SUSPENDED, LOST, CANCEL_REQUESTED = "suspended", "lost", "cancel_requested"
-
-
-def suspend_for(claim: Claim, run_ids: list[int]) -> str:
-    """Move a running run to waiting until ``run_ids`` have all finished.
-
-    The attempt is given back: waiting is not a failure, and the run is
-    claimed (and counted) again when it wakes. A run already asked to cancel
-    does not suspend (``CANCEL_REQUESTED``): it must finish now, closing its children.
-    """
-    with transaction.atomic(using=_using()):
-        outcome = _suspend(claim, awaiting=run_ids, awaiting_event=None)
-        if outcome == SUSPENDED:
-            # The children may all have finished before the row lock above was taken.
-            wake_parent(claim.run_id)
-    return outcome
-
-
-def suspend_until(claim: Claim, until: datetime) -> str:
-    """Move a running run to waiting until ``until`` (a durable sleep)."""
-    return _suspend(claim, awaiting=None, awaiting_event=None, run_at=until)
-
-
-def _suspend(claim: Claim, **fields: Any) -> str:
-    if leases.suspend(claim, **fields):
-        return SUSPENDED
-    return CANCEL_REQUESTED if leases.holds(claim) else LOST
-
-
-# What a wait for an event found besides SUSPENDED, LOST and CANCEL_REQUESTED.
-EVENT_TAKEN, EVENT_TIMED_OUT = "event_taken", "event_timed_out"
-
-
-def take_event(
-    claim: Claim, name: str, key: str, seq: int, until: datetime | None
-) -> tuple[str, Any]:
-    """A wait of a running run for an event ``name``, in one transaction under the
-    run's row lock: take the oldest event of that name sent to it (one sent by
-    ``until``, when that has passed) and record it as the step ``key``; else, when
-    ``until`` has passed, record the timeout there; else move the run to waiting
-    until such an event or ``until``. Returns (outcome, the step's output).
-
-    A sender locks the same row before it stores an event and looks whether the
-    run waits for it (``deliver_event``): whichever comes second sees the other's
-    work, so an event is never left unseen beside a run that waits for it.
-    """
-    with transaction.atomic(using=_using()):
-        if not leases.lock_held(claim):
-            return LOST, None
-        passed = until is not None and until <= timezone.now()
-        taken = events.take(claim.run_id, name, key, sent_by=until if passed else None)
-        outcome = EVENT_TAKEN
-        if taken is None and passed:
-            taken, outcome = {"timed_out": True}, EVENT_TIMED_OUT
-        if taken is not None:
-            # Under the row lock taken above: the lease holds until this commits.
-            if not steps.record(claim, key, seq, output=taken):
-                raise DatabaseError(f"run {claim.run_id}: the step {key!r} was not recorded")
-            return outcome, taken
-        fields = {"awaiting": None, "awaiting_event": name, "run_at": until or NO_DEADLINE}
-        return _suspend(claim, **fields), None
-
-
-def deliver_event(
-    run_id: int, name: str, payload: Any, tenant_id: str | None
-) -> tuple[JobEvent, str]:
-    """Store an event ``name`` for an unfinished run, in the caller's transaction, and
-    wake the run if it waits for that name; the event and the run's job type.
-    ``RunNotFound`` for a missing run (or another tenant's), ``InvalidTransition``
-    for a finished one: nothing is stored."""
-    with transaction.atomic(using=_using()):
-        run = lock_run(run_id, tenant_id)
-        if run.status not in UNFINISHED_STATUSES:
-            raise InvalidTransition(
-                f"run {run_id} has finished ({run.status}): no wait would ever read "
-                f"the event {name!r}"
-            )
-        event = events.store(run.pk, name, payload)
-        woken = (
-            runs()
-            .filter(pk=run.pk, status=Status.WAITING, awaiting_event=name)
-            .update(status=Status.PENDING, run_at=Now(), awaiting_event=None)
-        )
-        if woken:
-            notify_pools([run.pool])
-    return event, run.job_type
-
-
-def wake_sleepers(limit: int = 1000) -> int:
-    """Put runs whose durable sleep is over back to pending; return how many.
-
-    Found without a lock, then locked by id (see the locking rules above) and
-    checked again under the lock: a run another transaction holds (a cancel) is
-    left for the next sweep, and one that went to sleep again meanwhile sleeps on.
-    """
-    due = runs().filter(status=Status.WAITING, awaiting__isnull=True, run_at__lte=Now())
-    found = list(due.values_list("id", flat=True)[:limit])
-    if not found:
-        return 0
-    with transaction.atomic(using=_using()):
-        rows = [
-            row
-            for row in lock_rows(
-                found,
-                "status",
-                "awaiting",
-                "pool",
-                skip_locked=True,
-                over=ExpressionWrapper(Q(run_at__lte=Now()), output_field=BooleanField()),
-            )
-            if row["status"] == Status.WAITING and row["awaiting"] is None and row["over"]
-        ]
-        if not rows:
-            return 0
-        woken = (
-            runs()
-            .filter(pk__in=[row["id"] for row in rows])
-            .update(status=Status.PENDING, awaiting_event=None)
-        )
-        notify_pools(row["pool"] for row in rows)
-    return int(woken)
 
 
 # --- giving runs back ------------------------------------------------------------------

@@ -41,7 +41,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ),
     ("definitions", frozenset({"models", "registry", "migrations"})),
     ("storage", frozenset({"storage"})),
-    ("transitions", frozenset({"transitions"})),
+    ("transitions", frozenset({"transitions", "waking", "locking"})),
     (
         "services",
         frozenset(
