@@ -16,10 +16,9 @@ from django.contrib import messages
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import F, TextField
 from django.db.models.functions import Cast, Left
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
-from django.shortcuts import get_object_or_404
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path, reverse
+from django.urls import URLPattern, path
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext
@@ -32,7 +31,7 @@ from ..models import NO_DEADLINE, UNFINISHED_STATUSES, JobEvent, JobRun, Status
 from ..names import MAX_EVENT_NAME, event_name
 from ..payloads import cut, to_json
 from . import display
-from .params import an_id
+from .params import run_of_page
 
 # Events listed on a run's page (the newest), and characters of each payload shown.
 EVENTS_SHOWN = 50
@@ -163,13 +162,7 @@ class SendEventMixin:
         def view(request: HttpRequest, object_id: str) -> HttpResponse:
             if not self.has_send_event_permission(request):
                 raise PermissionDenied
-            if not an_id(object_id):
-                raise Http404("no such run")
-            queryset = self.get_queryset(request)  # type: ignore[attr-defined]
-            run = get_object_or_404(queryset, pk=int(object_id))
-            change_url = reverse(
-                f"admin:{self.opts.app_label}_{self.opts.model_name}_change", args=[run.pk]
-            )
+            run, change_url = run_of_page(self, request, object_id)
             form = SendEventForm(request.POST or None)
             if request.method == "POST" and form.is_valid():
                 name = form.cleaned_data["name"]

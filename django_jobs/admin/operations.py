@@ -14,10 +14,9 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.core.exceptions import BadRequest, PermissionDenied
 from django.db.models import QuerySet
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
-from django.shortcuts import get_object_or_404
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path, reverse
+from django.urls import URLPattern, path
 from django.utils.functional import Promise
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
@@ -25,7 +24,7 @@ from django.utils.translation import gettext_lazy as _
 from .. import api
 from ..exceptions import JobsError
 from ..models import UNSUCCESSFUL_STATUSES, JobRun, Status
-from .params import an_id
+from .params import an_id, run_of_page
 
 
 @dataclass(frozen=True)
@@ -179,13 +178,7 @@ class OperationsMixin:
         def view(request: HttpRequest, object_id: str) -> HttpResponse:
             if not self._has(request, op.permission) or not self._has(request, "view"):
                 raise PermissionDenied
-            if not an_id(object_id):
-                raise Http404("no such run")
-            queryset = self.get_queryset(request)  # type: ignore[attr-defined]
-            run = get_object_or_404(queryset, pk=int(object_id))
-            change_url = reverse(
-                f"admin:{self.opts.app_label}_{self.opts.model_name}_change", args=[run.pk]
-            )
+            run, change_url = run_of_page(self, request, object_id)
             if request.method == "POST" and request.POST.get("confirm") == "yes":
                 self._perform(request, [run], op)
                 return HttpResponseRedirect(change_url)

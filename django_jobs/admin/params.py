@@ -20,6 +20,20 @@ def an_id(text: str) -> bool:
     return text.isascii() and text.isdigit() and len(text) <= 18
 
 
+def run_of_page(model_admin: Any, request: HttpRequest, object_id: str) -> tuple[Any, str]:
+    """The run a run-page view (a button's, a form's) is about, as this user may see
+    it, and its page's URL; 404 for an id that is not one or a run not found."""
+    from django.http import Http404
+    from django.shortcuts import get_object_or_404
+    from django.urls import reverse
+
+    if not an_id(object_id):
+        raise Http404("no such run")
+    run = get_object_or_404(model_admin.get_queryset(request), pk=int(object_id))
+    opts = model_admin.opts
+    return run, reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[run.pk])
+
+
 def check_query(query: QueryDict) -> None:
     """Refuse (400) a query string that no column could match: a NUL in a name or value."""
     for name, values in query.lists():
