@@ -33,6 +33,16 @@ DEFAULTS: dict[str, Any] = {
     # Whether claims take turns across tenants (storage.turns): a tenant's burst
     # waits for other tenants' runs rather than before them.
     "FAIR_TURNS": True,
+    # Test mode: a run started runs in the starting process when the transaction
+    # that started it commits (at once outside one), as ``testing.drain()`` runs it.
+    "RUN_ON_COMMIT": False,
+    # How long finished runs are kept: workers delete older ones (with their
+    # families, in small batches; ``retention.prune``). None keeps them all.
+    "RETENTION": timedelta(days=30),
+    # Options for job types one does not own, by job type or task path with
+    # wildcards (``fnmatch``): {"wagtail.*": {"pool": "wagtail", ...}}; each
+    # entry is checked by ``overrides.problems`` (check E015).
+    "JOB_OPTIONS": {},
 }
 
 DURATION_KEYS = frozenset(
@@ -67,6 +77,9 @@ class JobsSettings:
     RATE_LIMITS: dict[str, Any]
     TENANT_CONCURRENCY: int | dict[str, int] | None
     FAIR_TURNS: bool
+    RUN_ON_COMMIT: bool
+    RETENTION: float | None
+    JOB_OPTIONS: dict[str, Any]
 
 
 def user_settings() -> dict[str, Any]:
@@ -98,6 +111,14 @@ def seconds_or_none(value: Any) -> float | None:
     return seconds if 0 < seconds <= MAX_DURATION else None
 
 
+def _positive_or_none(value: Any) -> float | None:
+    try:
+        seconds = to_seconds(value)
+    except TypeError:
+        return None
+    return seconds if seconds > 0 else None
+
+
 def problems() -> list[str]:
     """Describe every invalid key or value of ``settings.DJANGO_JOBS`` (used by the checks)."""
     given = user_settings()
@@ -116,12 +137,23 @@ def problems() -> list[str]:
     max_bytes = values["MAX_INPUT_BYTES"]
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
         found.append(f"MAX_INPUT_BYTES must be a positive integer, got {max_bytes!r}")
-    for key in ("LISTEN_NOTIFY", "PREPARED_STATEMENTS", "FAIR_TURNS"):
+    for key in ("LISTEN_NOTIFY", "PREPARED_STATEMENTS", "FAIR_TURNS", "RUN_ON_COMMIT"):
         if not isinstance(values[key], bool):
             found.append(f"{key} must be True or False, got {values[key]!r}")
     if not isinstance(values["SCHEDULES"], dict):
         found.append(f"SCHEDULES must be a dict of schedules by name, got {values['SCHEDULES']!r}")
     found += _cap_problems(values["TENANT_CONCURRENCY"])
+    retention = values["RETENTION"]
+    if retention is not None:
+        try:
+            if not to_seconds(retention) > 0:
+                found.append(f"RETENTION must be positive, got {retention!r}")
+        except TypeError:
+            found.append(f"RETENTION must be seconds, a timedelta or None, got {retention!r}")
+    if not isinstance(values["JOB_OPTIONS"], dict):
+        found.append(
+            f"JOB_OPTIONS must be a dict of options by job type, got {values['JOB_OPTIONS']!r}"
+        )
     return found
 
 
@@ -179,6 +211,8 @@ def get() -> JobsSettings:
         values = merged()
         for key in DURATION_KEYS:
             values[key] = to_seconds(values[key])
+        # An invalid retention keeps everything (the settings check reports it).
+        values["RETENTION"] = _positive_or_none(values["RETENTION"])
         _cache = JobsSettings(**values)
     return _cache
 
