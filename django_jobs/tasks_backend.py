@@ -11,6 +11,12 @@ and runs it like any job: attempts, leases, rescue, timeouts, cancellation.
 A result's id is its run's id signed with ``SECRET_KEY`` (``"42:…"``): short and
 stored nowhere, yet a caller holding one result cannot read another's by counting.
 ``run_id()`` turns a result id back into the run's id.
+
+Django imports this module when it runs the tasks backends' system checks, and
+a project may name the backend before it installs the app: the models (and the
+API, which needs them) are imported inside the functions that use them, so that
+such a project gets check ``django_jobs.E006`` rather than a traceback, and its
+``enqueue()`` an ``ImproperlyConfigured``.
 """
 
 from __future__ import annotations
@@ -34,14 +40,12 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signing import BadSignature, Signer
 from django.utils.module_loading import import_string
 
-from . import api, conf
+from . import conf
 from .backoff import NO_RETRY, RetryPolicy
 from .exceptions import InvalidJobInput, never_retried
 from .logstream import SafeTracebacks
-from .models import FINISHED_STATUSES, JobRun, Status
-from .names import concurrency_limit
+from .names import concurrency_limit, pool_problem
 from .payloads import normalize
-from .pools import pool_problem
 from .registry import JobHandler
 from .schedules import Target, idempotency_key
 from .tasks_compat import (
@@ -72,19 +76,24 @@ TASK_SOURCE = "task"
 # Result ids are signed with this salt, so that no other signature of the
 # project's (a session, a password reset) can pass for one.
 RESULT_ID_SALT = "django_jobs.tasks_backend.result-id"
+NOT_INSTALLED_HINT = 'Add "django_jobs" to INSTALLED_APPS and run migrate.'
 
+# A run's status (models.Status, by value: the models are not imported here) as
+# a task result's.
 STATUSES = {
-    Status.PENDING: TaskResultStatus.READY,
-    Status.RUNNING: TaskResultStatus.RUNNING,
-    Status.WAITING: TaskResultStatus.RUNNING,
-    Status.COMPLETED: TaskResultStatus.SUCCESSFUL,
-    Status.FAILED: TaskResultStatus.FAILED,
-    Status.TIMED_OUT: TaskResultStatus.FAILED,
-    Status.CANCELED: TaskResultStatus.FAILED,
+    "pending": TaskResultStatus.READY,
+    "running": TaskResultStatus.RUNNING,
+    "waiting": TaskResultStatus.RUNNING,
+    "completed": TaskResultStatus.SUCCESSFUL,
+    "failed": TaskResultStatus.FAILED,
+    "timed_out": TaskResultStatus.FAILED,
+    "canceled": TaskResultStatus.FAILED,
 }
 
 TaskKey = str | Callable[..., str | None] | None
 if TYPE_CHECKING:
+    from .models import JobRun
+
     AnyTask = Task[..., Any]
     AnyResult = TaskResult[Any, Any]
 
@@ -122,6 +131,7 @@ class JobsBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
             _validate_options(task)
 
     def enqueue(self, task: AnyTask, args: Any, kwargs: Any) -> AnyResult:
+        self._require_app()
         self.validate_task(task)
         data = normalize(normalize_json({"args": args, "kwargs": kwargs}), what="arguments")
         run = self._start(task, data, run_at=task.run_after)
@@ -132,6 +142,7 @@ class JobsBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
     def start_scheduled(self, task: AnyTask, data: Any, name: str, tick: datetime) -> JobRun:
         """Start the run of schedule ``name`` for ``tick``: a run of ``task`` as
         ``enqueue()`` makes one, its input ``{"args": [...], "kwargs": {...}}``."""
+        self._require_app()
         self.validate_task(task)
         data = scheduled_arguments(task, data)
         key = idempotency_key(name, tick)
@@ -140,7 +151,9 @@ class JobsBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
         return run
 
     def _start(self, task: AnyTask, data: dict[str, Any], **options: Any) -> JobRun:
-        return api.start_handler(
+        from .api import start_handler
+
+        return start_handler(
             handler_for(task),
             data,
             trigger=(TASK_SOURCE, self.alias),
@@ -152,6 +165,9 @@ class JobsBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
         )
 
     def get_result(self, result_id: str) -> AnyResult:
+        self._require_app()
+        from .models import JobRun
+
         run = (
             JobRun.objects.using(conf.get().DATABASE)
             .filter(pk=run_id(result_id), trigger_source=TASK_SOURCE, trigger_ref=self.alias)
@@ -163,10 +179,12 @@ class JobsBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
 
     def result_of(self, run: JobRun) -> AnyResult:
         """The ``TaskResult`` of a task's run, as stored now."""
+        from .models import Status
+
         result = TaskResult(
             task=self._task_of(run),
             id=result_id(run.pk),
-            status=STATUSES[Status(run.status)],
+            status=STATUSES[run.status],
             enqueued_at=run.created_at,
             # One column holds the latest attempt's start, as in django-tasks-db.
             started_at=run.started_at,
@@ -200,16 +218,20 @@ class JobsBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
             changes["run_after"] = run.run_at
         return task.using(**changes)
 
+    def _require_app(self) -> None:
+        """Raise ``ImproperlyConfigured`` unless django_jobs is installed (check E006)."""
+        if not apps.is_installed("django_jobs"):
+            raise ImproperlyConfigured(f"{self._not_installed()} {NOT_INSTALLED_HINT}")
+
+    def _not_installed(self) -> str:
+        backend = type(self).__name__
+        return f"TASKS[{self.alias!r}] uses {backend}, but django_jobs is not installed."
+
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
         messages: list[checks.CheckMessage] = list(super().check(**kwargs))
         if not apps.is_installed("django_jobs"):
             messages.append(
-                checks.Error(
-                    f"TASKS[{self.alias!r}] uses {type(self).__name__}, but django_jobs is not "
-                    "installed.",
-                    hint='Add "django_jobs" to INSTALLED_APPS and run migrate.',
-                    id="django_jobs.E006",
-                )
+                checks.Error(self._not_installed(), hint=NOT_INSTALLED_HINT, id="django_jobs.E006")
             )
         for queue in sorted(self.queues):
             problem = pool_problem(queue)
@@ -290,6 +312,8 @@ def _key(task: AnyTask, data: dict[str, Any]) -> str | None:
 
 def _errors(run: JobRun) -> list[TaskError]:
     """The run's recorded error as a ``TaskError``: the latest attempt's (older ones are gone)."""
+    from .models import Status
+
     error = run.error if isinstance(run.error, dict) else {}
     if run.status == Status.CANCELED:
         # The reason given to cancel() (or a close policy's), then how it ended
@@ -343,6 +367,8 @@ def handler_for(task: AnyTask) -> JobHandler:
 def _started(run_id: int) -> tuple[AnyTask, AnyResult, list[Any]]:
     """Send ``task_started`` for the task's run; the task as enqueued, its result
     and the positional arguments to call it with (its context first, if it takes one)."""
+    from .models import JobRun
+
     run = JobRun.objects.using(conf.get().DATABASE).get(pk=run_id)
     backend = _backend_of(run)
     result = backend.result_of(run)
@@ -367,6 +393,8 @@ def _returned(value: Any) -> Any:
 
 def _task_ended(run_id: int) -> None:
     """Send ``task_finished`` once a task's run has ended, whoever ended it."""
+    from .models import FINISHED_STATUSES, JobRun
+
     run = JobRun.objects.using(conf.get().DATABASE).filter(pk=run_id).first()
     if run is None or run.trigger_source != TASK_SOURCE:
         return

@@ -393,6 +393,13 @@ def test_check_without_the_app(monkeypatch: pytest.MonkeyPatch) -> None:
     assert [message.id for message in task_backends["default"].check()] == ["django_jobs.E006"]
 
 
+def test_every_run_status_has_a_task_status() -> None:
+    # Keyed by value: the backend does not import the models at module level.
+    from django_jobs.tasks_backend import STATUSES
+
+    assert set(STATUSES) == set(Status.values)
+
+
 def test_the_backends_flags() -> None:
     backend = task_backends["default"]
     assert isinstance(backend, JobsBackend)

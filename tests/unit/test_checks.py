@@ -113,8 +113,22 @@ def test_a_check_on_invalid_values_is_skipped_not_crashed(settings: Any) -> None
     assert ids(check_settings()) == ["django_jobs.E001", "django_jobs.E001"]
 
 
-def test_sqlite_gets_a_single_process_warning() -> None:
-    assert ids(check_database("sqlite")) == ["django_jobs.W001"]
+def test_a_sqlite_file_gets_a_single_process_warning() -> None:
+    connection = _connection("sqlite", "SQLite", "db.sqlite3", transaction_mode="IMMEDIATE")
+    [message] = database_messages(connection, "default")
+    assert message.id == "django_jobs.W001"
+    assert "serves one worker process" in message.msg
+
+
+@pytest.mark.parametrize("name", [":memory:", "file:memorydb_default?mode=memory&cache=shared"])
+def test_an_in_memory_sqlite_database_gets_no_warning(name: str) -> None:
+    # Each connection has its own database there: no worker process can share
+    # it, so "one worker process only" would only be noise (a test database).
+    assert database_messages(_connection("sqlite", "SQLite", name), "default") == []
+
+
+def test_the_suites_in_memory_sqlite_alias_gets_no_warning() -> None:
+    assert check_database("sqlite") == []
 
 
 @pytest.mark.django_db
@@ -122,10 +136,17 @@ def test_the_suites_database_is_served() -> None:
     assert check_database("default") == []
 
 
-def test_database_check_runs_only_for_the_jobs_alias(settings: Any) -> None:
+def test_database_check_runs_only_for_the_jobs_alias(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.db import connections
+
+    # A file's name (never opened: the checks of SQLite do not connect).
+    monkeypatch.setitem(connections["sqlite"].settings_dict, "NAME", "/nonexistent/db.sqlite3")
     settings.DJANGO_JOBS = {"DATABASE": "sqlite"}
     assert check_databases(databases=None) == []
-    assert ids(check_databases(databases=["sqlite"])) == ["django_jobs.W001"]
+    assert check_databases(databases=["default"]) == []
+    assert ids(check_databases(databases=["sqlite"])) == ["django_jobs.W001", "django_jobs.W002"]
 
 
 def _connection(
@@ -206,7 +227,8 @@ def test_mariadb_10_6_and_mysql_8_are_served() -> None:
 
 def test_postgresql_and_sqlite_are_served() -> None:
     assert database_messages(_connection("postgresql", "PostgreSQL"), "default") == []
-    assert ids(database_messages(_connection("sqlite", "SQLite"), "x")) == ["django_jobs.W001"]
+    connection = _connection("sqlite", "SQLite", "db.sqlite3", transaction_mode="IMMEDIATE")
+    assert ids(database_messages(connection, "x")) == ["django_jobs.W001"]
 
 
 def test_a_sqlite_file_without_immediate_transactions_is_warned_of() -> None:
