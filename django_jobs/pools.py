@@ -12,6 +12,7 @@ import logging
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import DateTimeField, ExpressionWrapper, Value
 from django.db.models.functions import Now
@@ -20,11 +21,39 @@ from . import conf
 from .models import JobPool, JobRun, Status, Worker, WorkerStatus
 from .names import pool_problem as pool_problem  # re-exported for the admin and backend
 from .payloads import control_problem
+from .registry import all_handlers
 from .storage.notify import notify_pools
 
 logger = logging.getLogger(__name__)
 
 MAX_PAUSE_REASON = 1000
+TASKS_BACKEND = "django_jobs.tasks_backend.JobsBackend"
+
+
+def handled_pools() -> set[str]:
+    """The pools this process knows runs for: its ``@job`` handlers' and its tasks queues."""
+    known = {handler.pool for handler in all_handlers().values()}
+    for backend in getattr(settings, "TASKS", {}).values():
+        if backend.get("BACKEND") == TASKS_BACKEND:
+            # @task functions are found by module path when run, not registered:
+            # only the queues the backend names (or Django's default one) are known.
+            known.update(backend.get("QUEUES") or ["default"])
+    return known
+
+
+def declared_pools() -> set[str]:
+    """The pools this code base declares: ``handled_pools()``, and the pools its
+    ``DJANGO_JOBS`` settings name (``RATE_LIMITS``, ``TENANT_CONCURRENCY``, the
+    ``pool`` of a ``JOB_OPTIONS`` entry). Settings the checks refuse name none."""
+    declared: set[object] = set(handled_pools())
+    values = conf.merged()
+    for key in ("RATE_LIMITS", "TENANT_CONCURRENCY"):
+        if isinstance(values[key], dict):
+            declared.update(name for name in values[key] if name != "*")
+    options = values["JOB_OPTIONS"]
+    if isinstance(options, dict):
+        declared.update(entry.get("pool") for entry in options.values() if isinstance(entry, dict))
+    return {name for name in declared if isinstance(name, str) and pool_problem(name) is None}
 
 
 def reason_problem(reason: object) -> str | None:
