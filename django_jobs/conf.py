@@ -111,12 +111,18 @@ def seconds_or_none(value: Any) -> float | None:
     return seconds if 0 < seconds <= MAX_DURATION else None
 
 
-def _positive_or_none(value: Any) -> float | None:
+# The longest retention: past it, "now - RETENTION" leaves the dates a database
+# (or a timedelta) holds; keeping every run is RETENTION = None.
+MAX_RETENTION = 100 * 365 * 86_400.0
+
+
+def _retention_or_none(value: Any) -> float | None:
+    """A valid ``RETENTION`` in seconds, or None when it is None or invalid."""
     try:
         seconds = to_seconds(value)
     except TypeError:
         return None
-    return seconds if seconds > 0 else None
+    return seconds if 0 < seconds <= MAX_RETENTION else None  # NaN fails both
 
 
 def problems() -> list[str]:
@@ -144,12 +150,11 @@ def problems() -> list[str]:
         found.append(f"SCHEDULES must be a dict of schedules by name, got {values['SCHEDULES']!r}")
     found += _cap_problems(values["TENANT_CONCURRENCY"])
     retention = values["RETENTION"]
-    if retention is not None:
-        try:
-            if not to_seconds(retention) > 0:
-                found.append(f"RETENTION must be positive, got {retention!r}")
-        except TypeError:
-            found.append(f"RETENTION must be seconds, a timedelta or None, got {retention!r}")
+    if retention is not None and _retention_or_none(retention) is None:
+        found.append(
+            "RETENTION (how long finished runs are kept) must be seconds or a timedelta, "
+            f"positive and at most 100 years, or None to keep every run; got {retention!r}"
+        )
     if not isinstance(values["JOB_OPTIONS"], dict):
         found.append(
             f"JOB_OPTIONS must be a dict of options by job type, got {values['JOB_OPTIONS']!r}"
@@ -212,7 +217,7 @@ def get() -> JobsSettings:
         for key in DURATION_KEYS:
             values[key] = to_seconds(values[key])
         # An invalid retention keeps everything (the settings check reports it).
-        values["RETENTION"] = _positive_or_none(values["RETENTION"])
+        values["RETENTION"] = _retention_or_none(values["RETENTION"])
         _cache = JobsSettings(**values)
     return _cache
 

@@ -9,6 +9,7 @@ takes effect at the next claim of every worker, without a restart.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -19,7 +20,7 @@ from django.db.models.functions import Now
 
 from . import conf
 from .models import JobPool, JobRun, Status, Worker, WorkerStatus
-from .names import pool_problem as pool_problem  # re-exported for the admin and backend
+from .names import pool_problem as pool_problem  # re-exported for the admin
 from .payloads import control_problem
 from .registry import all_handlers
 from .storage.notify import notify_pools
@@ -41,19 +42,44 @@ def handled_pools() -> set[str]:
     return known
 
 
-def declared_pools() -> set[str]:
-    """The pools this code base declares: ``handled_pools()``, and the pools its
-    ``DJANGO_JOBS`` settings name (``RATE_LIMITS``, ``TENANT_CONCURRENCY``, the
-    ``pool`` of a ``JOB_OPTIONS`` entry). Settings the checks refuse name none."""
-    declared: set[object] = set(handled_pools())
-    values = conf.merged()
-    for key in ("RATE_LIMITS", "TENANT_CONCURRENCY"):
-        if isinstance(values[key], dict):
-            declared.update(name for name in values[key] if name != "*")
-    options = values["JOB_OPTIONS"]
+def any_queue() -> bool:
+    """Whether a ``JobsBackend`` of ``TASKS`` takes every queue name (``QUEUES = []``),
+    so that a task's runs may be in any pool."""
+    return any(
+        backend.get("BACKEND") == TASKS_BACKEND and backend.get("QUEUES") == []
+        for backend in getattr(settings, "TASKS", {}).values()
+    )
+
+
+def run_pools() -> set[str]:
+    """The pools runs are sent to by this code base: ``handled_pools()``, and the
+    ``pool`` of each ``JOB_OPTIONS`` entry."""
+    found: set[object] = set(handled_pools())
+    options = conf.merged()["JOB_OPTIONS"]
     if isinstance(options, dict):
-        declared.update(entry.get("pool") for entry in options.values() if isinstance(entry, dict))
-    return {name for name in declared if isinstance(name, str) and pool_problem(name) is None}
+        found.update(entry.get("pool") for entry in options.values() if isinstance(entry, dict))
+    return _pool_names(found)
+
+
+def limited_pools() -> dict[str, set[str]]:
+    """The pools named by the settings that limit pools, by setting: ``RATE_LIMITS``
+    and ``TENANT_CONCURRENCY`` (``"*"`` aside). Settings that are not dicts name none."""
+    values = conf.merged()
+    return {
+        key: _pool_names(name for name in values[key] if name != "*")
+        for key in ("RATE_LIMITS", "TENANT_CONCURRENCY")
+        if isinstance(values[key], dict)
+    }
+
+
+def declared_pools() -> set[str]:
+    """The pools this code base declares: those runs are sent to (``run_pools``),
+    and those its settings limit (``limited_pools``)."""
+    return run_pools().union(*limited_pools().values())
+
+
+def _pool_names(names: Iterable[object]) -> set[str]:
+    return {name for name in names if isinstance(name, str) and pool_problem(name) is None}
 
 
 def reason_problem(reason: object) -> str | None:

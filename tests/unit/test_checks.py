@@ -9,6 +9,9 @@ from django_jobs import conf
 from django_jobs.checks import (
     check_database,
     check_databases,
+    check_deploy,
+    check_limited_pools,
+    check_routers,
     check_schedules,
     check_settings,
     database_messages,
@@ -245,3 +248,139 @@ def test_a_sqlite_file_without_immediate_transactions_is_warned_of() -> None:
 def test_a_sqlite_file_taking_the_write_lock_at_begin_is_not_warned_of(mode: str) -> None:
     connection = _connection("sqlite", "SQLite", "db.sqlite3", transaction_mode=mode)
     assert ids(database_messages(connection, "default")) == ["django_jobs.W001"]
+
+
+# --- RETENTION ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value",
+    [-1, 0, timedelta(0), "30d", float("inf"), float("nan"), timedelta(days=365 * 101), True],
+)
+def test_a_bad_retention_is_one_error_that_says_how_to_keep_everything(
+    settings: Any, value: Any
+) -> None:
+    settings.DJANGO_JOBS = {"RETENTION": value}
+    [message] = check_settings()
+    assert message.id == "django_jobs.E001"
+    assert message.msg == (
+        "DJANGO_JOBS: RETENTION (how long finished runs are kept) must be seconds or a "
+        "timedelta, positive and at most 100 years, or None to keep every run; "
+        f"got {value!r}."
+    )
+    assert message.hint == "See docs/settings.md for the values each key takes."
+    assert conf.get().RETENTION is None  # an invalid retention deletes nothing
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        (None, None),
+        (60, 60.0),
+        (timedelta(days=30), 2_592_000.0),
+        (timedelta(days=36_500), 3_153_600_000.0),  # 100 years
+    ],
+)
+def test_a_valid_retention(settings: Any, value: Any, seconds: float | None) -> None:
+    settings.DJANGO_JOBS = {"RETENTION": value}
+    assert check_settings() == []
+    kept = conf.get().RETENTION
+    assert kept == seconds
+
+
+# --- RUN_ON_COMMIT in production (check --deploy) ---------------------------------------
+
+
+def test_run_on_commit_is_a_deploy_warning(settings: Any) -> None:
+    from django.core.checks import run_checks
+
+    settings.DJANGO_JOBS = {"RUN_ON_COMMIT": True}
+    assert ids(check_deploy()) == ["django_jobs.W003"]
+    deploy = run_checks(include_deployment_checks=True, databases=[])
+    assert "django_jobs.W003" in ids(deploy)
+    # Not in a plain check: the settings of a project's tests set it.
+    assert "django_jobs.W003" not in ids(run_checks(databases=[]))
+    settings.DJANGO_JOBS = {"RUN_ON_COMMIT": False}
+    assert check_deploy() == []
+
+
+# --- pools the settings limit that no run is sent to --------------------------------------
+
+QUEUES = {"default": {"BACKEND": "django_jobs.tasks_backend.JobsBackend", "QUEUES": ["tasks"]}}
+
+
+def test_a_limit_on_a_pool_no_run_is_sent_to_is_warned_of(settings: Any) -> None:
+    settings.TASKS = QUEUES
+    settings.DJANGO_JOBS = {
+        # echo: a @job's pool (tests.echo); tasks: a queue of the backend.
+        "RATE_LIMITS": {"echo": "5/s", "tasks": "1/s", "emials": "100/m"},
+        "TENANT_CONCURRENCY": {"*": 3, "echo": 2, "reprots": 1},
+    }
+    messages = check_limited_pools()
+    assert [(m.id, m.msg) for m in messages] == [
+        (
+            "django_jobs.W004",
+            "DJANGO_JOBS['RATE_LIMITS'] names pool 'emials', which no @job, tasks queue or "
+            "JOB_OPTIONS entry sends runs to: it limits no run.",
+        ),
+        (
+            "django_jobs.W004",
+            "DJANGO_JOBS['TENANT_CONCURRENCY'] names pool 'reprots', which no @job, tasks queue "
+            "or JOB_OPTIONS entry sends runs to: it limits no run.",
+        ),
+    ]
+    assert "SILENCED_SYSTEM_CHECKS" in messages[0].hint
+
+
+def test_a_pool_job_options_send_runs_to_may_be_limited(settings: Any) -> None:
+    settings.TASKS = QUEUES
+    settings.DJANGO_JOBS = {
+        "RATE_LIMITS": {"wagtail": "5/s"},
+        "JOB_OPTIONS": {"wagtail.*": {"pool": "wagtail"}},
+    }
+    assert check_limited_pools() == []
+
+
+def test_a_backend_taking_any_queue_may_send_runs_to_any_pool(settings: Any) -> None:
+    # The suite's TASKS: QUEUES = [] lets a task name any queue.
+    settings.DJANGO_JOBS = {"RATE_LIMITS": {"emials": "100/m"}}
+    assert check_limited_pools() == []
+
+
+# --- routers ----------------------------------------------------------------------------
+
+
+class JobsElsewhere:
+    """A router that keeps django_jobs' tables out of every database but "sqlite"."""
+
+    def allow_migrate(self, db: str, app_label: str, **hints: Any) -> bool | None:
+        if app_label == "django_jobs":
+            return db == "sqlite"
+        return None
+
+
+def test_a_router_keeping_the_tables_out_of_the_jobs_database_is_an_error(
+    settings: Any,
+) -> None:
+    assert check_routers() == []
+    settings.DATABASE_ROUTERS = [f"{__name__}.JobsElsewhere"]
+    [message] = check_routers()
+    assert message.id == "django_jobs.E016"
+    assert message.msg == (
+        "DATABASE_ROUTERS keep migrate from creating django_jobs' tables in the jobs database "
+        "'default': workers and enqueues would find no table there."
+    )
+    assert "migrate --database default" in str(message.hint)
+    settings.DJANGO_JOBS = {"DATABASE": "sqlite"}
+    assert check_routers() == []
+
+
+class StepsElsewhere:
+    def allow_migrate(self, db: str, app_label: str, model_name: str = "", **hints: Any) -> bool:
+        return model_name != "jobstep"
+
+
+def test_a_router_refusing_some_tables_names_them(settings: Any) -> None:
+    settings.DATABASE_ROUTERS = [f"{__name__}.StepsElsewhere"]
+    [message] = check_routers()
+    assert "django_jobs' tables JobStep in the jobs database 'default'" in message.msg

@@ -138,6 +138,12 @@ class Command(JobsCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         self._configure_logging(options["verbosity"])
+        if conf.get().RUN_ON_COMMIT:
+            raise CommandError(
+                "DJANGO_JOBS['RUN_ON_COMMIT'] is True: in this test mode a run runs in the "
+                "process that starts it, when its transaction commits, and no worker runs it. "
+                "Start runjobworker with settings that leave RUN_ON_COMMIT False."
+            )
         reloading = self._reloading(options)
         if reloading and not reload.is_child():
             # The reloader's parent: it runs no worker and touches no database.
