@@ -124,10 +124,14 @@ class JobsBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
     def enqueue(self, task: AnyTask, args: Any, kwargs: Any) -> AnyResult:
         self.validate_task(task)
         data = normalize(normalize_json({"args": args, "kwargs": kwargs}), what="arguments")
-        run = self._start(task, data, run_at=task.run_after)
-        result = self.result_of(run)
-        task_enqueued.send(type(self), task_result=result)
-        return result
+        from .inline import deferred
+
+        # In test mode (RUN_ON_COMMIT) the run runs after task_enqueued is sent,
+        # as on Django's immediate backend; its result then says how it ended.
+        with deferred():
+            run = self._start(task, data, run_at=task.run_after)
+            task_enqueued.send(type(self), task_result=self.result_of(run))
+        return self.result_of(run)
 
     def start_scheduled(self, task: AnyTask, data: Any, name: str, tick: datetime) -> JobRun:
         """Start the run of schedule ``name`` for ``tick``: a run of ``task`` as

@@ -118,3 +118,10 @@ async def nap_async(context: TaskContext, seconds: float) -> int:
     )
     await asyncio.sleep(seconds)
     return context.attempt
+
+
+@task
+def note(name: str) -> str:
+    """Leaves a row named ``name``: a side effect any backend's test can look for."""
+    Execution.objects.create(run_id=0, job_type=name, attempt=1, pid=os.getpid())
+    return name

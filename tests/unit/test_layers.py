@@ -51,6 +51,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "results",
                 "debounce",
                 "handling",
+                "inline",
                 "attempt",
                 "context",
                 "execution",
