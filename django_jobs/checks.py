@@ -184,6 +184,23 @@ def check_rate_limits(app_configs: Any = None, **kwargs: Any) -> list[CheckMessa
 
 
 @register()
+def check_job_options(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Validate ``DJANGO_JOBS["JOB_OPTIONS"]``, importing its dotted paths (settings are code)."""
+    from .joboptions import problems
+
+    return [
+        Error(
+            message + ".",
+            hint="Give each job type or pattern a dict of @job's options: pool, priority, "
+            "retry, timeout, concurrency_key, concurrency_limit, rate_limit, rate_limit_key "
+            "(docs/other-apps.md).",
+            id="django_jobs.E015",
+        )
+        for message in problems()
+    ]
+
+
+@register()
 def check_limited_pools(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """Warn of a pool ``RATE_LIMITS`` or ``TENANT_CONCURRENCY`` names that no run is
     sent to: a typo, whose limit applies to nothing."""

@@ -32,8 +32,9 @@ TASKS_BACKEND = "django_jobs.tasks_backend.JobsBackend"
 
 
 def handled_pools() -> set[str]:
-    """The pools this process knows runs for: its ``@job`` handlers' and its tasks queues."""
-    known = {handler.pool for handler in all_handlers().values()}
+    """The pools this process knows runs for: its handlers' (``@job``, and the tasks it
+    has met), with their ``JOB_OPTIONS``, and its tasks queues."""
+    known = {handler.pool for handler in all_handlers(tasks=True).values()}
     for backend in getattr(settings, "TASKS", {}).values():
         if backend.get("BACKEND") == TASKS_BACKEND:
             # @task functions are found by module path when run, not registered:

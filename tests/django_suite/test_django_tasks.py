@@ -439,6 +439,69 @@ class JobsAsDummyTransactionTestCase(django_test_dummy.DummyBackendTransactionTe
             default_task_backend.get_result(rolled_back.id)
 
 
+@override_settings(
+    TASKS={"default": {"BACKEND": JOBS, "QUEUES": []}},
+    DJANGO_JOBS={"RUN_ON_COMMIT": True},
+)
+class JobsInTestModeAsImmediateTestCase(
+    _ValidatesOnJobsBackend, TestCase, django_test_immediate.ImmediateBackendTestCase
+):
+    """test_immediate_backend.py on the test mode (``RUN_ON_COMMIT``): as written for
+    ImmediateBackend, enqueue() has run the task when it returns."""
+
+    # Asserted the class.
+    def test_using_correct_backend(self) -> None:
+        self.assertIsInstance(task_backends["default"], JobsBackend)
+
+    # ImmediateBackend lets KeyboardInterrupt through to the caller of enqueue(); the
+    # test mode runs the task as a worker does, which records it as the task's failure.
+    def test_throws_keyboard_interrupt(self) -> None:
+        with self.assertLogs("django.tasks", level="ERROR"):
+            result = default_task_backend.enqueue(
+                django_tasks.failing_task_keyboard_interrupt, [], {}
+            )
+        self.assertEqual(result.status, TaskResultStatus.FAILED)
+        self.assertEqual(result.errors[0].exception_class, KeyboardInterrupt)
+
+    # ImmediateBackend cannot fetch results; JobsBackend can.
+    async def test_cannot_get_result(self) -> None:
+        result = await default_task_backend.aenqueue(django_tasks.calculate_meaning_of_life, (), {})
+        fetched = await default_task_backend.aget_result(result.id)
+        self.assertEqual(fetched.return_value, 42)
+
+    # As above, for refresh().
+    async def test_cannot_refresh_result(self) -> None:
+        result = await default_task_backend.aenqueue(django_tasks.calculate_meaning_of_life, (), {})
+        await result.arefresh()
+        self.assertEqual(result.return_value, 42)
+
+    # ImmediateBackend refuses run_after; JobsBackend defers the run to it, and the
+    # test mode does not wait for it.
+    def test_cannot_pass_run_after(self) -> None:
+        later = timezone.now() + timedelta(hours=1)
+        result = django_tasks.calculate_meaning_of_life.using(run_after=later).enqueue()
+        self.assertEqual(result.status, TaskResultStatus.READY)
+
+
+class JobsInTestModeAsImmediateTransactionTestCase(
+    django_test_immediate.ImmediateBackendTransactionTestCase
+):
+    """Unchanged but for the backend: the task has run when the block commits."""
+
+    available_apps = ["django_jobs"]
+
+    # ImmediateBackend ran the task inside enqueue(), inside the block; the test
+    # mode runs it when the block commits.
+    @override_settings(TASKS={"default": {"BACKEND": JOBS}}, DJANGO_JOBS={"RUN_ON_COMMIT": True})
+    def test_doesnt_wait_until_transaction_commit_by_default(self) -> None:
+        with transaction.atomic():
+            result = django_tasks.noop_task.enqueue()
+            self.assertIsNotNone(result.enqueued_at)
+            self.assertEqual(result.status, TaskResultStatus.READY)
+        result.refresh()
+        self.assertEqual(result.status, TaskResultStatus.SUCCESSFUL)
+
+
 class CustomBackendTestCase(django_test_custom.CustomBackendTestCase):
     """test_custom_backend.py, unchanged: the framework with other backends alongside."""
 
@@ -452,6 +515,8 @@ SUITE = [
     JobsAsDummyTestCase,
     JobsAsImmediateTestCase,
     JobsAsImmediateTransactionTestCase,
+    JobsInTestModeAsImmediateTestCase,
+    JobsInTestModeAsImmediateTransactionTestCase,
     JobsAsDummyTransactionTestCase,
     CustomBackendTestCase,
     CustomTaskTestCase,
