@@ -14,6 +14,14 @@ from django_jobs import JobContext, RetryPolicy, job
 
 from .models import Execution
 
+if os.environ.get("DJANGO_JOBS_RETENTION_INTERVAL"):
+    # Worker subprocesses of test_retention_process prune every few tenths of a
+    # second rather than every few minutes (not a setting: this module is
+    # imported by every worker at its start, before its threads begin).
+    from django_jobs import retention
+
+    retention.INTERVAL = float(os.environ["DJANGO_JOBS_RETENTION_INTERVAL"])
+
 
 class PermanentError(Exception):
     """Raised by a handler that must not be retried."""
