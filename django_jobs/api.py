@@ -114,6 +114,7 @@ def start_handler(
     if run.idempotency_key is None:
         run.save(using=using, force_insert=True)
         release()
+        made_due([run])
         return run
     try:
         # A savepoint: a duplicate key must not break the caller's transaction.
@@ -135,6 +136,7 @@ def start_handler(
             raise
         return existing
     release()
+    made_due([run])
     return run
 
 
@@ -209,6 +211,7 @@ def start_many(job_type: str, inputs: Iterable[Any], **options: Any) -> list[Job
         with transaction.atomic(using=using):  # all the runs or none
             started = [run for chunk in chunks for run in insert(chunk)]
     release()
+    made_due(started)
     return started
 
 
@@ -308,6 +311,15 @@ def _nothing() -> None:
     pass
 
 
+def made_due(runs: Sequence[JobRun] = ()) -> None:
+    """Tell the test mode (``RUN_ON_COMMIT``) that ``runs``, or others, may be due now."""
+    if conf.get().RUN_ON_COMMIT:
+        # Imported here: the test mode runs handlers, whose modules import the API.
+        from .inline import made_due as drain_when_committed
+
+        drain_when_committed(runs)
+
+
 def start_child(
     parent: JobRun,
     job_type: str,
@@ -350,7 +362,10 @@ def cancel(
     reason = _text("reason", reason, MAX_REASON) or "canceled"
     if (problem := control_problem(reason)) is not None:
         raise InvalidJobInput(f"reason {problem}")
-    return transitions.cancel(run_id, reason, cascade=cascade, tenant_id=tenant_id)
+    count = transitions.cancel(run_id, reason, cascade=cascade, tenant_id=tenant_id)
+    # A parent waiting for the canceled run may be due now.
+    made_due()
+    return count
 
 
 def retry(run_id: int, *, reset_steps: bool = False, tenant_id: str | None = None) -> JobRun:
@@ -358,7 +373,9 @@ def retry(run_id: int, *, reset_steps: bool = False, tenant_id: str | None = Non
 
     Completed steps stay recorded and replay, unless ``reset_steps``.
     """
-    return transitions.retry(run_id, reset_steps=reset_steps, tenant_id=tenant_id)
+    run = transitions.retry(run_id, reset_steps=reset_steps, tenant_id=tenant_id)
+    made_due([run])
+    return run
 
 
 def run_now(run_id: int, *, tenant_id: str | None = None) -> bool:
@@ -373,7 +390,9 @@ def run_now(run_id: int, *, tenant_id: str | None = None) -> bool:
         )
         if changed:
             notify_pools([run.pool])
-        return bool(changed)
+    if changed:
+        made_due()
+    return bool(changed)
 
 
 # --- the async forms ---------------------------------------------------------------

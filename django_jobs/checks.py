@@ -156,6 +156,23 @@ def check_rate_limits(app_configs: Any = None, **kwargs: Any) -> list[CheckMessa
     ]
 
 
+@register()
+def check_job_options(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Validate ``DJANGO_JOBS["JOB_OPTIONS"]``, importing its dotted paths (settings are code)."""
+    from .joboptions import problems
+
+    return [
+        Error(
+            message + ".",
+            hint="Give each job type or pattern a dict of @job's options: pool, priority, "
+            "retry, timeout, concurrency_key, concurrency_limit, rate_limit, rate_limit_key "
+            "(docs/other-apps.md).",
+            id="django_jobs.E015",
+        )
+        for message in problems()
+    ]
+
+
 def pool_size(alias: str) -> int | None:
     """The most connections Django's connection pool for ``alias`` lends at once
     (``OPTIONS["pool"]``, PostgreSQL on Django 5.1+), or None without a pool."""

@@ -15,7 +15,7 @@ from asgiref.sync import sync_to_async
 from django.db import transaction
 
 from . import conf, transitions
-from .api import _refuse_event_loop
+from .api import _refuse_event_loop, made_due
 from .models import JobEvent, JobRun
 from .names import event_name
 from .payloads import to_json
@@ -45,6 +45,7 @@ def send_event(
             ),
             using=conf.get().DATABASE,
         )
+    made_due([run] if isinstance(run, JobRun) else [])
     return event
 
 

@@ -116,7 +116,7 @@ def prune_rate_limits(*, batch_size: int = 1000, dry_run: bool = False) -> int:
     """Delete the rows of rate limits that hold nothing any more, judged under the
     limits this code declares (every registered job's, and ``RATE_LIMITS``); return
     how many went (would go, with ``dry_run``)."""
-    limits = ratelimits.in_force(all_handlers())
+    limits = ratelimits.in_force(all_handlers(tasks=True))
     return limit_rows.prune_idle(limits, batch_size=batch_size, dry_run=dry_run)
 
 

@@ -296,7 +296,7 @@ def _add_pool_rows(pool: Any, pools: list[str] | None) -> None:
 def _add_rate_limits(pool: Any, pools: list[str] | None) -> None:
     """The pools' own limits, and their runs held back by a spent limit (as this
     code base and its settings declare them)."""
-    limits = ratelimits.in_force(all_handlers(), pools)
+    limits = ratelimits.in_force(all_handlers(tasks=True), pools)
     for name, rate in limits.pools.items():
         pool(name).rate_limit = str(rate)
     for name, held in limited_runs.waiting(limits, pools).items():

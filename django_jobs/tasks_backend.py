@@ -15,6 +15,7 @@ stored nowhere, yet a caller holding one result cannot read another's by countin
 
 from __future__ import annotations
 
+import fnmatch
 import inspect
 import logging
 import sys
@@ -32,17 +33,17 @@ from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signing import BadSignature, Signer
-from django.utils.module_loading import import_string
+from django.utils.module_loading import autodiscover_modules, import_string
 
-from . import api, conf
+from . import api, conf, joboptions
 from .backoff import NO_RETRY, RetryPolicy
 from .exceptions import InvalidJobInput, never_retried
-from .logstream import SafeTracebacks
+from .logstream import SafeTracebacks, outcome_line_to_follow
 from .models import FINISHED_STATUSES, JobRun, Status
 from .names import concurrency_limit
 from .payloads import normalize
 from .pools import pool_problem
-from .registry import JobHandler
+from .registry import JobHandler, get_handler, with_options
 from .schedules import Target, idempotency_key
 from .tasks_compat import (
     BaseTaskBackend,
@@ -61,10 +62,35 @@ from .tasks_compat import (
 )
 
 logger = logging.getLogger(__name__)
-# Django's tasks framework logs each failed task with its traceback (its own
-# task_finished receiver): a task's exception message adds no line to the log
-# there either, whatever handler writes it (Django 6's logger, the backport's).
+
+
+class OutcomesLoggedOnce(logging.Filter):
+    """Drop the lines Django's tasks framework logs for this backend's runs that
+    django_jobs logs itself: each attempt's start (``task_started``; the worker
+    logs no start at INFO), and an end whose outcome line follows (``task_finished``
+    while a worker or ``drain()`` records the run's end). Ends django_jobs logs
+    no line of its own for (a pending task canceled, a run of a dead worker
+    failed by the rescue) keep Django's line. In the test mode (``RUN_ON_COMMIT``)
+    every line is kept, as under Django's immediate backend, whose tests read them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if record.msg != "Task id=%s path=%s state=%s" or not isinstance(args, tuple):
+            return True
+        if conf.get().RUN_ON_COMMIT:
+            return True
+        try:
+            run = run_id(str(args[0]))
+        except TaskResultDoesNotExist:
+            return True  # another backend's task
+        return args[-1] != TaskResultStatus.RUNNING and run != outcome_line_to_follow()
+
+
+# Django's tasks framework logs each task's start and end (its own receivers of
+# task_started and task_finished; Django 6's logger, the backport's): not twice
+# for a run of this backend, and a failed task's exception message adds no line.
 for _name in ("django.tasks", "django_tasks"):
+    logging.getLogger(_name).addFilter(OutcomesLoggedOnce())
     logging.getLogger(_name).addFilter(SafeTracebacks())
 
 # JobRun.trigger_source of the runs this backend enqueues; trigger_ref is the alias.
@@ -124,10 +150,14 @@ class JobsBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
     def enqueue(self, task: AnyTask, args: Any, kwargs: Any) -> AnyResult:
         self.validate_task(task)
         data = normalize(normalize_json({"args": args, "kwargs": kwargs}), what="arguments")
-        run = self._start(task, data, run_at=task.run_after)
-        result = self.result_of(run)
-        task_enqueued.send(type(self), task_result=result)
-        return result
+        from .inline import deferred
+
+        # In test mode (RUN_ON_COMMIT) the run runs after task_enqueued is sent,
+        # as on Django's immediate backend; its result then says how it ended.
+        with deferred():
+            run = self._start(task, data, run_at=task.run_after)
+            task_enqueued.send(type(self), task_result=self.result_of(run))
+        return self.result_of(run)
 
     def start_scheduled(self, task: AnyTask, data: Any, name: str, tick: datetime) -> JobRun:
         """Start the run of schedule ``name`` for ``tick``: a run of ``task`` as
@@ -140,14 +170,18 @@ class JobsBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
         return run
 
     def _start(self, task: AnyTask, data: dict[str, Any], **options: Any) -> JobRun:
+        handler = handler_for(task)
+        # JOB_OPTIONS' key function (given the task's arguments) is the handler's;
+        # else the task's own.
+        keyed_by_settings = "concurrency_key" in joboptions.sources(handler.job_type)
         return api.start_handler(
-            handler_for(task),
+            handler,
             data,
             trigger=(TASK_SOURCE, self.alias),
-            pool=task.queue_name,
-            priority=task.priority,
-            concurrency_key=_key(task, data),
-            concurrency_limit=getattr(task, "concurrency_limit", 1),
+            pool=handler.pool,
+            priority=handler.priority,
+            concurrency_key=None if keyed_by_settings else _key(task, data),
+            concurrency_limit=handler.concurrency_limit,
             **options,
         )
 
@@ -198,7 +232,14 @@ class JobsBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
         # run_at is created_at unless the task was deferred (or a retry was scheduled).
         if run.run_at != run.created_at:
             changes["run_after"] = run.run_at
-        return task.using(**changes)
+        try:
+            return task.using(**changes)
+        except InvalidTask:
+            # A pool or priority JOB_OPTIONS gave the run, which the tasks framework
+            # refuses (a pool outside QUEUES, a priority outside -100..100): the
+            # result names the task's own.
+            del changes["priority"], changes["queue_name"]
+            return task.using(**changes)
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
         messages: list[checks.CheckMessage] = list(super().check(**kwargs))
@@ -314,7 +355,13 @@ def _errors(run: JobRun) -> list[TaskError]:
 
 
 def handler_for(task: AnyTask) -> JobHandler:
-    """The handler that runs ``task``'s runs, with the task's django_jobs options."""
+    """The handler that runs ``task``'s runs, with the task's django_jobs options and,
+    over them, those ``DJANGO_JOBS["JOB_OPTIONS"]`` sets for its path."""
+    return with_options(_handler_of(task))
+
+
+def _handler_of(task: AnyTask) -> JobHandler:
+    """The handler that runs ``task``'s runs, with the task's own options."""
     job_type = task.module_path
     timeout = getattr(task, "timeout", None)
 
@@ -335,8 +382,10 @@ def handler_for(task: AnyTask) -> JobHandler:
         pool=task.queue_name,
         retry=getattr(task, "retry", None) or NO_RETRY,
         timeout=None if timeout is None else _seconds(timeout),
+        concurrency_limit=getattr(task, "concurrency_limit", 1),
         priority=task.priority,
         on_end=_task_ended,
+        task_arguments=True,
     )
 
 
@@ -398,7 +447,54 @@ def resolve_task(job_type: str) -> JobHandler | None:
     if not configured():
         return None
     task = task_at(job_type, importing=True)
-    return None if task is None else handler_for(task)
+    # registry.get_handler gives it JOB_OPTIONS.
+    return None if task is None else _handler_of(task)
+
+
+def load_option_targets() -> list[str]:
+    """Find, before a worker starts, the tasks ``JOB_OPTIONS`` gives a rate limit, so
+    that its claims enforce the limits from the first run; return their paths.
+
+    A key naming a task is resolved as a worker resolves a run's task. For a
+    pattern, the ``tasks`` modules of the installed apps are imported (as
+    ``jobs.py`` modules are), then the tasks of the installed apps' imported
+    modules that match it are resolved.
+    """
+    entries = conf.merged()["JOB_OPTIONS"]
+    if not configured() or not isinstance(entries, dict):
+        return []
+    limited = [
+        key
+        for key, options in entries.items()
+        if isinstance(key, str) and isinstance(options, dict) and "rate_limit" in options
+    ]
+    if not limited:
+        return []
+    if any(c in key for key in limited for c in "*?["):
+        autodiscover_modules("tasks")
+    paths = {key for key in limited if task_at(key, importing=True) is not None}
+    paths |= {
+        path for path in loaded_tasks() if any(fnmatch.fnmatchcase(path, key) for key in limited)
+    }
+    found = []
+    for path in sorted(paths):
+        if task_at(path, importing=False) is not None:
+            get_handler(path, resolve=True)
+            found.append(path)
+    return found
+
+
+def loaded_tasks() -> list[str]:
+    """The module paths of the tasks defined in the installed apps' modules this
+    process has imported (nothing is imported here)."""
+    paths = set()
+    for name, module in list(sys.modules.items()):
+        if module is None or not _in_installed_app(name):
+            continue
+        for value in list(vars(module).values()):
+            if isinstance(value, Task) and value.module_path.rpartition(".")[0] == name:
+                paths.add(value.module_path)
+    return sorted(paths)
 
 
 def task_at(path: str, *, importing: bool) -> AnyTask | None:

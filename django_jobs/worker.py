@@ -120,7 +120,7 @@ class JobWorker:
         self._event_loop: EventLoop | None = None  # started by the first async run
         # The rate limits enforced at claim: every registered job's, and this
         # worker's pools' own.
-        self.limits = ratelimits.in_force(all_handlers(), self.pools)
+        self.limits = ratelimits.in_force(all_handlers(tasks=True), self.pools)
         # What to claim for the threads and the event loop, and when (claimer.py).
         self._claimer = Claimer(self.pools, self.limits, async_concurrency, poll_interval)
         self.claimed = 0
@@ -568,7 +568,7 @@ class JobWorker:
                 next_sweep = time.monotonic() + self.heartbeat_interval
                 self._quietly(self._rescue)
                 self._quietly(self._poll_cancel_requests)
-                sweep = (self.pools, self.limits, all_handlers(), self.tick)
+                sweep = (self.pools, self.limits, all_handlers(tasks=True), self.tick)
                 if self._quietly(upkeep.every_sweep, *sweep):
                     self._news()
             self._quietly(self._enforce_deadlines)

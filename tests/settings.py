@@ -81,6 +81,9 @@ if os.environ.get("DJANGO_JOBS_RETENTION") == "off":
 if os.environ.get("DJANGO_JOBS_TENANT_CONCURRENCY"):
     # Worker subprocesses of the tenant caps' process test (JSON: a cap, or caps by pool).
     DJANGO_JOBS["TENANT_CONCURRENCY"] = json.loads(os.environ["DJANGO_JOBS_TENANT_CONCURRENCY"])
+if os.environ.get("DJANGO_JOBS_JOB_OPTIONS"):
+    # Worker subprocesses of the JOB_OPTIONS process test (JSON: options by job type).
+    DJANGO_JOBS["JOB_OPTIONS"] = json.loads(os.environ["DJANGO_JOBS_JOB_OPTIONS"])
 
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -36,6 +36,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "tasks_compat",
                 "ratelimits",
                 "embedded",
+                "joboptions",
             }
         ),
     ),
@@ -51,6 +52,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "results",
                 "debounce",
                 "handling",
+                "inline",
                 "attempt",
                 "context",
                 "execution",
