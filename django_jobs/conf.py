@@ -111,18 +111,20 @@ def seconds_or_none(value: Any) -> float | None:
     return seconds if 0 < seconds <= MAX_DURATION else None
 
 
-# The longest retention: past it, "now - RETENTION" leaves the dates a database
-# (or a timedelta) holds; keeping every run is RETENTION = None.
-MAX_RETENTION = 100 * 365 * 86_400.0
+# The shortest RETENTION: a caller in ``JobRun.wait()`` reads a run within about
+# a second of its end, and must find it. The longest: past it, the cutoff
+# (now minus the retention) leaves the dates a database holds.
+MIN_RETENTION = 60.0
+MAX_RETENTION = timedelta(days=36_500).total_seconds()
 
 
-def _retention_or_none(value: Any) -> float | None:
-    """A valid ``RETENTION`` in seconds, or None when it is None or invalid."""
-    try:
-        seconds = to_seconds(value)
-    except TypeError:
+def retention_or_none(value: Any) -> float | None:
+    """A RETENTION in seconds, or None when it is None or invalid (see ``problems``);
+    raises ``TypeError`` when it is not a duration."""
+    if value is None:
         return None
-    return seconds if 0 < seconds <= MAX_RETENTION else None  # NaN fails both
+    seconds = to_seconds(value)
+    return seconds if MIN_RETENTION <= seconds <= MAX_RETENTION else None  # NaN fails both
 
 
 def problems() -> list[str]:
@@ -150,11 +152,14 @@ def problems() -> list[str]:
         found.append(f"SCHEDULES must be a dict of schedules by name, got {values['SCHEDULES']!r}")
     found += _cap_problems(values["TENANT_CONCURRENCY"])
     retention = values["RETENTION"]
-    if retention is not None and _retention_or_none(retention) is None:
-        found.append(
-            "RETENTION (how long finished runs are kept) must be seconds or a timedelta, "
-            f"positive and at most 100 years, or None to keep every run; got {retention!r}"
-        )
+    if retention is not None:
+        try:
+            if retention_or_none(retention) is None:
+                found.append(
+                    f"RETENTION must be from a minute to 100 years (or None), got {retention!r}"
+                )
+        except TypeError:
+            found.append(f"RETENTION must be seconds, a timedelta or None, got {retention!r}")
     if not isinstance(values["JOB_OPTIONS"], dict):
         found.append(
             f"JOB_OPTIONS must be a dict of options by job type, got {values['JOB_OPTIONS']!r}"
@@ -217,7 +222,10 @@ def get() -> JobsSettings:
         for key in DURATION_KEYS:
             values[key] = to_seconds(values[key])
         # An invalid retention keeps everything (the settings check reports it).
-        values["RETENTION"] = _retention_or_none(values["RETENTION"])
+        try:
+            values["RETENTION"] = retention_or_none(values["RETENTION"])
+        except TypeError:
+            values["RETENTION"] = None
         _cache = JobsSettings(**values)
     return _cache
 

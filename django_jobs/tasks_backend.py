@@ -44,7 +44,7 @@ from django.utils.module_loading import autodiscover_modules, import_string
 from . import conf, joboptions
 from .backoff import NO_RETRY, RetryPolicy
 from .exceptions import InvalidJobInput, never_retried
-from .logstream import SafeTracebacks
+from .logstream import SafeTracebacks, outcome_line_to_follow
 from .names import concurrency_limit, pool_problem
 from .payloads import normalize
 from .registry import JobHandler, get_handler, with_options
@@ -66,10 +66,35 @@ from .tasks_compat import (
 )
 
 logger = logging.getLogger(__name__)
-# Django's tasks framework logs each failed task with its traceback (its own
-# task_finished receiver): a task's exception message adds no line to the log
-# there either, whatever handler writes it (Django 6's logger, the backport's).
+
+
+class OutcomesLoggedOnce(logging.Filter):
+    """Drop the lines Django's tasks framework logs for this backend's runs that
+    django_jobs logs itself: each attempt's start (``task_started``; the worker
+    logs no start at INFO), and an end whose outcome line follows (``task_finished``
+    while a worker or ``drain()`` records the run's end). Ends django_jobs logs
+    no line of its own for (a pending task canceled, a run of a dead worker
+    failed by the rescue) keep Django's line. In the test mode (``RUN_ON_COMMIT``)
+    every line is kept, as under Django's immediate backend, whose tests read them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if record.msg != "Task id=%s path=%s state=%s" or not isinstance(args, tuple):
+            return True
+        if conf.get().RUN_ON_COMMIT:
+            return True
+        try:
+            run = run_id(str(args[0]))
+        except TaskResultDoesNotExist:
+            return True  # another backend's task
+        return args[-1] != TaskResultStatus.RUNNING and run != outcome_line_to_follow()
+
+
+# Django's tasks framework logs each task's start and end (its own receivers of
+# task_started and task_finished; Django 6's logger, the backport's): not twice
+# for a run of this backend, and a failed task's exception message adds no line.
 for _name in ("django.tasks", "django_tasks"):
+    logging.getLogger(_name).addFilter(OutcomesLoggedOnce())
     logging.getLogger(_name).addFilter(SafeTracebacks())
 
 # JobRun.trigger_source of the runs this backend enqueues; trigger_ref is the alias.

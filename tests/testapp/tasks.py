@@ -45,6 +45,14 @@ def flaky(context: TaskContext, succeed_on: int) -> dict[str, Any]:
 
 
 @task(takes_context=True, retry=RetryPolicy(attempts=2, base_delay=0))
+async def flaky_async(context: TaskContext, succeed_on: int) -> int:
+    """``flaky`` as an async task, with two attempts."""
+    if context.attempt < succeed_on:
+        raise ConnectionError(f"attempt {context.attempt} failed")
+    return context.attempt
+
+
+@task(takes_context=True, retry=RetryPolicy(attempts=2, base_delay=0))
 def throttled(context: TaskContext) -> int:
     """Asks to be run again in ten minutes on its first attempt (an API's 429)."""
     if context.attempt == 1:

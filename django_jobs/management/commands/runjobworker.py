@@ -15,7 +15,7 @@ from django_jobs import conf
 from django_jobs.checks import check_database, connection_limit, pool_size
 from django_jobs.eventloop import DATABASE_THREADS
 from django_jobs.exceptions import WorkerRefused
-from django_jobs.logstream import BurstHandler
+from django_jobs.logstream import LOGGER, write_worker_log
 from django_jobs.management import reload
 from django_jobs.management.arguments import (
     DEFAULT_CONCURRENCY,
@@ -275,11 +275,10 @@ class Command(JobsCommand):
             raise CommandError(f"--metrics-port {port}: cannot listen on {addr!r}: {exc}") from None
 
     def _configure_logging(self, verbosity: int) -> None:
-        """Send django_jobs' log lines to stderr unless the project configured a handler."""
-        root = logging.getLogger("django_jobs")
-        root.setLevel(VERBOSITY_LEVELS.get(verbosity, logging.DEBUG))
-        if not root.handlers and not logging.getLogger().handlers:
-            root.addHandler(BurstHandler(sys.stderr))
+        """Set django_jobs' level from ``verbosity``; send its lines to stderr, where
+        Django's console handler writes, unless the project's LOGGING configured them."""
+        logging.getLogger(LOGGER).setLevel(VERBOSITY_LEVELS.get(verbosity, logging.DEBUG))
+        write_worker_log(sys.stderr)
 
 
 def default_concurrency(alias: str, limit: int | None, size: int | None, extra: int = 0) -> int:
