@@ -6,7 +6,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
-from django.db import connections
+from django.db import connections, router
 
 from . import conf
 
@@ -21,7 +21,9 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     messages: list[CheckMessage] = [
         Error(
             f"DJANGO_JOBS: {problem}.",
-            hint="Valid keys: " + ", ".join(conf.DEFAULTS) + " (see docs/settings.md).",
+            hint="Valid keys: " + ", ".join(conf.DEFAULTS) + " (see docs/settings.md)."
+            if problem.startswith("unknown key")
+            else "See docs/settings.md for the values each key takes.",
             id="django_jobs.E001",
         )
         for problem in conf.problems()
@@ -57,6 +59,31 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             )
         )
     return messages
+
+
+@register()
+def check_routers(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Check that ``migrate`` may create every django_jobs table in the jobs database."""
+    from django.apps import apps
+
+    alias = conf.merged()["DATABASE"]
+    if not isinstance(alias, str) or alias not in settings.DATABASES:
+        return []  # check_settings reports it
+    models = list(apps.get_app_config("django_jobs").get_models())
+    refused = [m._meta.object_name for m in models if not router.allow_migrate_model(alias, m)]
+    if not refused:
+        return []
+    tables = "tables" if len(refused) == len(models) else f"tables {', '.join(map(str, refused))}"
+    return [
+        Error(
+            f"DATABASE_ROUTERS keep migrate from creating django_jobs' {tables} in the jobs "
+            f"database {alias!r}: workers and enqueues would find no table there.",
+            hint=f"Let your router's allow_migrate() return True for app_label 'django_jobs' "
+            f"on database {alias!r} (DJANGO_JOBS['DATABASE']), then run "
+            f"migrate --database {alias}.",
+            id="django_jobs.E016",
+        )
+    ]
 
 
 @register(Tags.database)
@@ -153,6 +180,61 @@ def check_rate_limits(app_configs: Any = None, **kwargs: Any) -> list[CheckMessa
             id="django_jobs.E014",
         )
         for message in settings_problems()
+    ]
+
+
+@register()
+def check_job_options(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Validate ``DJANGO_JOBS["JOB_OPTIONS"]``, importing its dotted paths (settings are code)."""
+    from .joboptions import problems
+
+    return [
+        Error(
+            message + ".",
+            hint="Give each job type or pattern a dict of @job's options: pool, priority, "
+            "retry, timeout, concurrency_key, concurrency_limit, rate_limit, rate_limit_key "
+            "(docs/other-apps.md).",
+            id="django_jobs.E015",
+        )
+        for message in problems()
+    ]
+
+
+@register()
+def check_limited_pools(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Warn of a pool ``RATE_LIMITS`` or ``TENANT_CONCURRENCY`` names that no run is
+    sent to: a typo, whose limit applies to nothing."""
+    from .pools import any_queue, limited_pools, run_pools
+
+    if any_queue():
+        return []  # a task may name any queue: every pool may have runs
+    known = run_pools()
+    return [
+        Warning(
+            f"DJANGO_JOBS[{key!r}] names pool {name!r}, which no @job, tasks queue or "
+            "JOB_OPTIONS entry sends runs to: it limits no run.",
+            hint="Name the pool of the jobs to limit (a typo?). If code starts runs in that "
+            "pool with start(..., pool=...), add 'django_jobs.W004' to SILENCED_SYSTEM_CHECKS.",
+            id="django_jobs.W004",
+        )
+        for key, names in limited_pools().items()
+        for name in sorted(names - known)
+    ]
+
+
+@register(deploy=True)
+def check_deploy(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """The checks of ``manage.py check --deploy``: test settings in production."""
+    if conf.merged()["RUN_ON_COMMIT"] is not True:
+        return []
+    return [
+        Warning(
+            "DJANGO_JOBS['RUN_ON_COMMIT'] is True: every run runs in the process that "
+            "starts it, when its transaction commits (a test mode), and runjobworker refuses "
+            "to start.",
+            hint="Set RUN_ON_COMMIT in the settings of your tests only.",
+            id="django_jobs.W003",
+        )
     ]
 
 

@@ -111,12 +111,20 @@ def seconds_or_none(value: Any) -> float | None:
     return seconds if 0 < seconds <= MAX_DURATION else None
 
 
-def _positive_or_none(value: Any) -> float | None:
-    try:
-        seconds = to_seconds(value)
-    except TypeError:
+# The shortest RETENTION: a caller in ``JobRun.wait()`` reads a run within about
+# a second of its end, and must find it. The longest: past it, the cutoff
+# (now minus the retention) leaves the dates a database holds.
+MIN_RETENTION = 60.0
+MAX_RETENTION = timedelta(days=36_500).total_seconds()
+
+
+def retention_or_none(value: Any) -> float | None:
+    """A RETENTION in seconds, or None when it is None or invalid (see ``problems``);
+    raises ``TypeError`` when it is not a duration."""
+    if value is None:
         return None
-    return seconds if seconds > 0 else None
+    seconds = to_seconds(value)
+    return seconds if MIN_RETENTION <= seconds <= MAX_RETENTION else None  # NaN fails both
 
 
 def problems() -> list[str]:
@@ -146,8 +154,10 @@ def problems() -> list[str]:
     retention = values["RETENTION"]
     if retention is not None:
         try:
-            if not to_seconds(retention) > 0:
-                found.append(f"RETENTION must be positive, got {retention!r}")
+            if retention_or_none(retention) is None:
+                found.append(
+                    f"RETENTION must be from a minute to 100 years (or None), got {retention!r}"
+                )
         except TypeError:
             found.append(f"RETENTION must be seconds, a timedelta or None, got {retention!r}")
     if not isinstance(values["JOB_OPTIONS"], dict):
@@ -212,7 +222,10 @@ def get() -> JobsSettings:
         for key in DURATION_KEYS:
             values[key] = to_seconds(values[key])
         # An invalid retention keeps everything (the settings check reports it).
-        values["RETENTION"] = _positive_or_none(values["RETENTION"])
+        try:
+            values["RETENTION"] = retention_or_none(values["RETENTION"])
+        except TypeError:
+            values["RETENTION"] = None
         _cache = JobsSettings(**values)
     return _cache
 

@@ -38,7 +38,7 @@ from .attempt import Attempt
 from .context import JobContext, LeaseLost, Suspended
 from .errors import MAX_ERROR_MESSAGE, clip, error_record, message_of, safely, storable, type_name
 from .exceptions import InvalidJobInput, JobCanceled, JobTimeout, RetryAfter, UnknownJobType
-from .logstream import SafeTracebacks
+from .logstream import SafeTracebacks, outcome_line_follows
 from .models import JobRun, Status
 from .payloads import normalize
 from .registry import JobHandler, get_handler
@@ -123,10 +123,10 @@ def execute(
         logger.exception("run=%s could not be executed", claim.run_id)
         outcome = record(claim, last_resort(claim, exc), stop)
     if outcome is not Outcome.HANDED_OFF:
-        # A run the watchdog finished (timeout, ignored cancel) was counted then;
-        # the handler's late return is logged (its result dropped), not counted again.
+        # A run the watchdog finished (timeout, ignored cancel) was logged and
+        # counted then; the handler's late return (its result dropped) is a DEBUG line.
         late = outcome is Outcome.LOST and attempt is not None and attempt.fenced_off
-        log_outcome(claim, outcome, time.monotonic() - started, decision, observe=not late)
+        log_outcome(claim, outcome, time.monotonic() - started, decision, late=late)
         if outcome is not Outcome.COMPLETED:
             # The handler may have failed on a broken connection (to any
             # database): close it, so the next run on this thread gets a fresh one.
@@ -291,7 +291,7 @@ async def execute_async(
         logger.exception("run=%s could not be executed", claim.run_id)
         outcome = await attempt.run_sync(record, claim, last_resort(claim, exc), stop)
     late = outcome is Outcome.LOST and attempt.fenced_off
-    log_outcome(claim, outcome, time.monotonic() - started, decision, observe=not late)
+    log_outcome(claim, outcome, time.monotonic() - started, decision, late=late)
     if outcome is not Outcome.COMPLETED:
         # The handler's ORM calls ran on Django's sync thread: the connection there
         # may be the one that broke (the database threads mend their own).
@@ -453,7 +453,10 @@ def record(
                 return Outcome.LOST
             continue
         else:
-            _announce(claim, outcome, decision)
+            # Its callers log the outcome (log_outcome): a receiver's line telling the
+            # same end (Django's tasks framework's) can tell it is a duplicate.
+            with outcome_line_follows(claim.run_id):
+                _announce(claim, outcome, decision)
             return outcome
         with control.released():  # a worker's other control threads go on meanwhile
             if stop is not None and stop.wait(delay):
@@ -558,18 +561,20 @@ def log_outcome(
     duration: float,
     decision: Decision | None = None,
     *,
-    observe: bool = True,
+    late: bool = False,
 ) -> None:
-    """The one line per run outcome (no payloads); then the observers, if ``observe``.
+    """The one line per run outcome (no payloads); then the observers.
 
     A retry or an unsuccessful end decided for a handler's exception names the
     exception's type and message, the next attempt's time for a retry, and
     passes ``exc_info``, so that error trackers see the handler's exception.
+    ``late``: the handler returned after the watchdog ended its run (a timeout,
+    an ignored cancel), whose line that was; this one is DEBUG, and not observed.
     """
     args: tuple[Any, ...] = (claim.run_id, claim.job_type, outcome.value, claim.attempt, duration)
-    level = LEVELS.get(outcome, logging.INFO)
+    level = logging.DEBUG if late else LEVELS.get(outcome, logging.INFO)
     error = None if decision is None else decision.exception
-    if level == logging.INFO or error is None:
+    if level < logging.WARNING or error is None:
         logger.log(level, "run=%s type=%s outcome=%s attempt=%d duration=%.3fs", *args)
     else:
         assert decision is not None
@@ -588,7 +593,7 @@ def log_outcome(
             next_attempt,
             exc_info=error,
         )
-    for observer in outcome_observers if observe else ():
+    for observer in () if late else outcome_observers:
         try:
             observer(claim, outcome, duration)
         except Exception:

@@ -1,11 +1,12 @@
-"""The worker's own log handler: one line per run, written in bursts.
+"""The worker's own log handler: one line per run, written in bursts, in order.
 
 ``runjobworker`` logs one line per run outcome. At thousands of runs a second
 a ``write()`` and a ``strftime()`` per line cost a large part of a short run,
 so this handler keeps lines for at most ``flush_after`` seconds and writes
 them together; warnings and errors are written at once (with everything
-before them, so the order holds). Only used when the project's ``LOGGING``
-does not configure the ``django_jobs`` logger or the root logger.
+before them, so the order holds), and so is what it keeps before any other
+logger's record is made (``write_worker_log``). Only used when the project's
+``LOGGING`` configures neither a ``django_jobs`` logger nor the root logger.
 """
 
 from __future__ import annotations
@@ -16,10 +17,15 @@ import threading
 import time
 import traceback
 from collections.abc import Iterator
-from typing import TextIO
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, TextIO
 
 from .errors import MAX_ERROR_MESSAGE, MAX_TRACEBACK, clip, safely
 from .payloads import terminal_safe
+
+# The loggers of django_jobs: this one and those below it.
+LOGGER = "django_jobs"
 
 # The most characters of one record's own line (its message, escaped): a run's
 # error message is stored cut at MAX_ERROR_MESSAGE, and its log line is cut alike.
@@ -167,6 +173,11 @@ class BurstHandler(logging.Handler):
             self._timer.daemon = True
             self._timer.start()
 
+    @property
+    def keeps_lines(self) -> bool:
+        """Whether lines are kept, not yet written (read without the lock: a hint)."""
+        return bool(self._lines)
+
     def flush(self) -> None:
         self.acquire()
         try:
@@ -190,3 +201,68 @@ class BurstHandler(logging.Handler):
                 self.stream.flush()
             except (OSError, ValueError):
                 pass  # a closed stderr must not break the worker
+
+
+# --- the worker's log, when the project's LOGGING sets none ----------------------------
+
+
+def write_worker_log(stream: TextIO) -> BurstHandler | None:
+    """Send django_jobs' records to ``stream`` (a ``BurstHandler`` on the ``django_jobs``
+    logger), unless the project's ``LOGGING`` configures the root logger or a
+    ``django_jobs`` logger (then it decides where they go); the handler added, if any.
+
+    Other handlers write to the same stream at once (Django's console handler,
+    Python's last resort for a logger without one): what this one keeps is
+    written before any other logger's record is made, so their lines never
+    overtake its own.
+    """
+    if logging.getLogger().handlers or _configured():
+        return None
+    handler = BurstHandler(stream)
+    logging.getLogger(LOGGER).addHandler(handler)
+    make_record = logging.getLogRecordFactory()
+
+    def record_factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = make_record(*args, **kwargs)
+        if handler.keeps_lines and not _ours(record.name):
+            handler.flush()
+        return record
+
+    logging.setLogRecordFactory(record_factory)
+    return handler
+
+
+def _ours(name: str) -> bool:
+    return name == LOGGER or name.startswith(f"{LOGGER}.")
+
+
+def _configured() -> bool:
+    """Whether a ``django_jobs`` logger has handlers, or sends nothing up to its parent."""
+    loggers = list(logging.Logger.manager.loggerDict.items())
+    return any(
+        isinstance(each, logging.Logger) and (each.handlers or not each.propagate)
+        for name, each in loggers
+        if _ours(name)
+    )
+
+
+# --- one line per outcome ------------------------------------------------------------
+
+# The run whose outcome line this thread (or task) writes once its end is written and
+# announced (``execution.record``): another line telling that end is a duplicate.
+_outcome_line: ContextVar[int | None] = ContextVar("django_jobs_outcome_line", default=None)
+
+
+@contextmanager
+def outcome_line_follows(run_id: int) -> Iterator[None]:
+    """Say, while the body runs, that django_jobs logs the outcome of run ``run_id``."""
+    token = _outcome_line.set(run_id)
+    try:
+        yield
+    finally:
+        _outcome_line.reset(token)
+
+
+def outcome_line_to_follow() -> int | None:
+    """The run whose outcome line django_jobs is about to write here, if any."""
+    return _outcome_line.get()

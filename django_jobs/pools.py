@@ -9,22 +9,78 @@ takes effect at the next claim of every worker, without a restart.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import DateTimeField, ExpressionWrapper, Value
 from django.db.models.functions import Now
 
 from . import conf
 from .models import JobPool, JobRun, Status, Worker, WorkerStatus
-from .names import pool_problem as pool_problem  # re-exported for the admin and backend
+from .names import pool_problem as pool_problem  # re-exported for the admin
 from .payloads import control_problem
+from .registry import all_handlers
 from .storage.notify import notify_pools
 
 logger = logging.getLogger(__name__)
 
 MAX_PAUSE_REASON = 1000
+TASKS_BACKEND = "django_jobs.tasks_backend.JobsBackend"
+
+
+def handled_pools() -> set[str]:
+    """The pools this process knows runs for: its handlers' (``@job``, and the tasks it
+    has met), with their ``JOB_OPTIONS``, and its tasks queues."""
+    known = {handler.pool for handler in all_handlers(tasks=True).values()}
+    for backend in getattr(settings, "TASKS", {}).values():
+        if backend.get("BACKEND") == TASKS_BACKEND:
+            # @task functions are found by module path when run, not registered:
+            # only the queues the backend names (or Django's default one) are known.
+            known.update(backend.get("QUEUES") or ["default"])
+    return known
+
+
+def any_queue() -> bool:
+    """Whether a ``JobsBackend`` of ``TASKS`` takes every queue name (``QUEUES = []``),
+    so that a task's runs may be in any pool."""
+    return any(
+        backend.get("BACKEND") == TASKS_BACKEND and backend.get("QUEUES") == []
+        for backend in getattr(settings, "TASKS", {}).values()
+    )
+
+
+def run_pools() -> set[str]:
+    """The pools runs are sent to by this code base: ``handled_pools()``, and the
+    ``pool`` of each ``JOB_OPTIONS`` entry."""
+    found: set[object] = set(handled_pools())
+    options = conf.merged()["JOB_OPTIONS"]
+    if isinstance(options, dict):
+        found.update(entry.get("pool") for entry in options.values() if isinstance(entry, dict))
+    return _pool_names(found)
+
+
+def limited_pools() -> dict[str, set[str]]:
+    """The pools named by the settings that limit pools, by setting: ``RATE_LIMITS``
+    and ``TENANT_CONCURRENCY`` (``"*"`` aside). Settings that are not dicts name none."""
+    values = conf.merged()
+    return {
+        key: _pool_names(name for name in values[key] if name != "*")
+        for key in ("RATE_LIMITS", "TENANT_CONCURRENCY")
+        if isinstance(values[key], dict)
+    }
+
+
+def declared_pools() -> set[str]:
+    """The pools this code base declares: those runs are sent to (``run_pools``),
+    and those its settings limit (``limited_pools``)."""
+    return run_pools().union(*limited_pools().values())
+
+
+def _pool_names(names: Iterable[object]) -> set[str]:
+    return {name for name in names if isinstance(name, str) and pool_problem(name) is None}
 
 
 def reason_problem(reason: object) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import threading
@@ -11,6 +12,7 @@ from datetime import timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from . import joboptions
 from .backoff import NO_RETRY, RetryPolicy
 from .conf import to_seconds
 from .exceptions import (
@@ -57,6 +59,9 @@ class JobHandler:
     # At most so many runs start per period: of the job type, or per key.
     rate_limit: Rate | None = None
     rate_limit_key: ConcurrencyKey = None
+    # A django.tasks task's handler: its input is {"args": [...], "kwargs": {...}},
+    # and the key functions of JOB_OPTIONS are given those arguments.
+    task_arguments: bool = False
 
     def __call__(self, ctx: JobContext) -> Any:
         return self.fn(ctx)
@@ -260,13 +265,13 @@ def get_handler(job_type: str, *, resolve: bool = False) -> JobHandler:
     offered to the resolvers (``add_resolver``), and what they find is kept.
     """
     try:
-        return _handlers[job_type]
+        return with_options(_handlers[job_type])
     except (KeyError, TypeError):
         pass
     if resolve and isinstance(job_type, str):
         handler = _resolve(job_type)
         if handler is not None:
-            return handler
+            return with_options(handler)
     hint = (
         " (or, for a django.tasks @task, check that its module imports and belongs to an "
         "installed app)"
@@ -277,6 +282,24 @@ def get_handler(job_type: str, *, resolve: bool = False) -> JobHandler:
         f"no job is registered as {job_type!r}; define it with @job({job_type!r}) "
         f"in the jobs.py of an installed app{hint}"
     ) from None
+
+
+def with_options(handler: JobHandler) -> JobHandler:
+    """``handler`` with the options ``DJANGO_JOBS["JOB_OPTIONS"]`` sets for its job
+    type (``joboptions``) in place of its own; ``handler`` itself when none."""
+    options = joboptions.options_for(handler.job_type, arguments=handler.task_arguments)
+    if not options:
+        return handler
+    found = _with_options.get(handler.job_type)
+    if found is None or found[0] is not handler or found[1] is not options:
+        found = (handler, options, dataclasses.replace(handler, **options))
+        _with_options[handler.job_type] = found
+    return found[2]
+
+
+# job type -> (the handler, the options applied, the handler with them): the
+# options dict is JOB_OPTIONS' cached one, replaced when the settings change.
+_with_options: dict[str, tuple[JobHandler, dict[str, Any], JobHandler]] = {}
 
 
 def _resolve(job_type: str) -> JobHandler | None:
@@ -319,8 +342,14 @@ def run_finished(job_type: str, run_id: int) -> None:
         logger.exception("run=%s type=%s on_end failed", run_id, job_type)
 
 
-def all_handlers() -> dict[str, JobHandler]:
-    return dict(_handlers)
+def all_handlers(*, tasks: bool = False) -> dict[str, JobHandler]:
+    """The handlers ``@job`` registered, with their ``JOB_OPTIONS``, by job type; with
+    ``tasks``, also those the resolvers found (tasks met or loaded by this process)."""
+    found = {job_type: with_options(handler) for job_type, handler in _handlers.items()}
+    if tasks:
+        for job_type, handler in list(_resolved.items()):
+            found.setdefault(job_type, with_options(handler))
+    return found
 
 
 def autodiscover() -> None:

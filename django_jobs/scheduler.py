@@ -38,6 +38,7 @@ MAX_SLEEP = 60.0  # seconds; the clock is read again at least this often
 # take to see a schedule added, changed, paused, resumed or deleted.
 RELOAD_INTERVAL = 5.0
 RELOAD_BATCH = 500  # rows read at once when many changed
+LISTED_NAMES = 20  # schedule names the start line lists; the others are counted
 
 
 def run_schedules(now: datetime | None = None, *, pools: list[str] | None = None) -> list[JobRun]:
@@ -88,8 +89,8 @@ class Scheduler:
 
     def run(self) -> None:
         """Fire due schedules until ``stop`` is set (the thread's target)."""
-        names = ",".join(entry.name for entry in self.entries)
-        logger.info("scheduler started schedules=%s", names)
+        # The schedules declared in code; run-time ones are logged as they are read.
+        logger.info("scheduler started schedules=%s", listed(e.name for e in self.entries))
         if self.control is not None:
             self.control.adopt()
         try:
@@ -274,6 +275,17 @@ class Scheduler:
         )
         if due is not None:
             self.due[name] = due
+
+
+def listed(names: Iterable[str]) -> str:
+    """Names for a log line: ``a,b``; ``none``; past ``LISTED_NAMES``, the first
+    ones and how many more (``a,b,...,+980``)."""
+    found = sorted(names)
+    if not found:
+        return "none"
+    shown = ",".join(found[:LISTED_NAMES])
+    more = len(found) - LISTED_NAMES
+    return shown if more <= 0 else f"{shown},...,+{more}"
 
 
 def _using() -> str:

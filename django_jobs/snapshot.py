@@ -39,7 +39,7 @@ from .models import (
     WorkerStatus,
 )
 from .payloads import Unreadable, cut, finite, printable, read_json
-from .pools import MAX_PAUSE_REASON
+from .pools import MAX_PAUSE_REASON, declared_pools
 from .registry import all_handlers
 from .storage import ratelimits as limited_runs
 
@@ -263,7 +263,7 @@ def snapshot(
             for name in worker.pools:
                 if pools is None or name in pools:
                     pool(name).workers += 1
-    _add_pool_rows(pool, pools)
+    _add_pool_rows(pool, pools, found)
     _add_rate_limits(pool, pools)
     return Snapshot(
         taken_at=timezone.now(),
@@ -279,15 +279,24 @@ def _since(moment: Any) -> ExpressionWrapper[Any]:
     return ExpressionWrapper(Now() - moment, output_field=DurationField())
 
 
-def _add_pool_rows(pool: Any, pools: list[str] | None) -> None:
-    """Pools known from their rows (paused ones, or served before) appear even when idle."""
+def _add_pool_rows(pool: Any, pools: list[str] | None, found: dict[str, PoolStatus]) -> None:
+    """Pools known from their rows appear even when idle: paused ones, and those a
+    worker served that this code base declares (``pools.declared_pools``).
+
+    A worker records every pool it serves, a mistyped ``--pool`` too: once that
+    worker is gone and the pool has no runs to count, its row alone does not
+    keep it listed.
+    """
     rows = JobPool.objects.using(conf.get().DATABASE)
     if pools is not None:
         rows = rows.filter(name__in=pools)
+    declared = declared_pools()
     # A reason is at most MAX_PAUSE_REASON characters when written through
     # pause_pool(); a row written otherwise is read, and shown, cut.
     reasons = rows.values_list("name", "paused_at", Left("pause_reason", MAX_PAUSE_REASON + 1))
     for name, paused_at, reason in reasons:
+        if paused_at is None and name not in declared and name not in found:
+            continue
         status = pool(name)
         status.paused_at = paused_at
         status.pause_reason = cut(reason or "", MAX_PAUSE_REASON)
@@ -296,7 +305,7 @@ def _add_pool_rows(pool: Any, pools: list[str] | None) -> None:
 def _add_rate_limits(pool: Any, pools: list[str] | None) -> None:
     """The pools' own limits, and their runs held back by a spent limit (as this
     code base and its settings declare them)."""
-    limits = ratelimits.in_force(all_handlers(), pools)
+    limits = ratelimits.in_force(all_handlers(tasks=True), pools)
     for name, rate in limits.pools.items():
         pool(name).rate_limit = str(rate)
     for name, held in limited_runs.waiting(limits, pools).items():

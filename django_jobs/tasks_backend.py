@@ -11,10 +11,17 @@ and runs it like any job: attempts, leases, rescue, timeouts, cancellation.
 A result's id is its run's id signed with ``SECRET_KEY`` (``"42:…"``): short and
 stored nowhere, yet a caller holding one result cannot read another's by counting.
 ``run_id()`` turns a result id back into the run's id.
+
+Django imports this module when it runs the tasks backends' system checks, and
+a project may name the backend before it installs the app: the models (and the
+API, which needs them) are imported inside the functions that use them, so that
+such a project gets check ``django_jobs.E006`` rather than a traceback, and its
+``enqueue()`` an ``ImproperlyConfigured``.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import inspect
 import logging
 import sys
@@ -32,17 +39,15 @@ from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signing import BadSignature, Signer
-from django.utils.module_loading import import_string
+from django.utils.module_loading import autodiscover_modules, import_string
 
-from . import api, conf
+from . import conf, joboptions
 from .backoff import NO_RETRY, RetryPolicy
 from .exceptions import InvalidJobInput, never_retried
-from .logstream import SafeTracebacks
-from .models import FINISHED_STATUSES, JobRun, Status
-from .names import concurrency_limit
+from .logstream import SafeTracebacks, outcome_line_to_follow
+from .names import concurrency_limit, pool_problem
 from .payloads import normalize
-from .pools import pool_problem
-from .registry import JobHandler
+from .registry import JobHandler, get_handler, with_options
 from .schedules import Target, idempotency_key
 from .tasks_compat import (
     BaseTaskBackend,
@@ -61,10 +66,35 @@ from .tasks_compat import (
 )
 
 logger = logging.getLogger(__name__)
-# Django's tasks framework logs each failed task with its traceback (its own
-# task_finished receiver): a task's exception message adds no line to the log
-# there either, whatever handler writes it (Django 6's logger, the backport's).
+
+
+class OutcomesLoggedOnce(logging.Filter):
+    """Drop the lines Django's tasks framework logs for this backend's runs that
+    django_jobs logs itself: each attempt's start (``task_started``; the worker
+    logs no start at INFO), and an end whose outcome line follows (``task_finished``
+    while a worker or ``drain()`` records the run's end). Ends django_jobs logs
+    no line of its own for (a pending task canceled, a run of a dead worker
+    failed by the rescue) keep Django's line. In the test mode (``RUN_ON_COMMIT``)
+    every line is kept, as under Django's immediate backend, whose tests read them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if record.msg != "Task id=%s path=%s state=%s" or not isinstance(args, tuple):
+            return True
+        if conf.get().RUN_ON_COMMIT:
+            return True
+        try:
+            run = run_id(str(args[0]))
+        except TaskResultDoesNotExist:
+            return True  # another backend's task
+        return args[-1] != TaskResultStatus.RUNNING and run != outcome_line_to_follow()
+
+
+# Django's tasks framework logs each task's start and end (its own receivers of
+# task_started and task_finished; Django 6's logger, the backport's): not twice
+# for a run of this backend, and a failed task's exception message adds no line.
 for _name in ("django.tasks", "django_tasks"):
+    logging.getLogger(_name).addFilter(OutcomesLoggedOnce())
     logging.getLogger(_name).addFilter(SafeTracebacks())
 
 # JobRun.trigger_source of the runs this backend enqueues; trigger_ref is the alias.
@@ -72,19 +102,24 @@ TASK_SOURCE = "task"
 # Result ids are signed with this salt, so that no other signature of the
 # project's (a session, a password reset) can pass for one.
 RESULT_ID_SALT = "django_jobs.tasks_backend.result-id"
+NOT_INSTALLED_HINT = 'Add "django_jobs" to INSTALLED_APPS and run migrate.'
 
+# A run's status (models.Status, by value: the models are not imported here) as
+# a task result's.
 STATUSES = {
-    Status.PENDING: TaskResultStatus.READY,
-    Status.RUNNING: TaskResultStatus.RUNNING,
-    Status.WAITING: TaskResultStatus.RUNNING,
-    Status.COMPLETED: TaskResultStatus.SUCCESSFUL,
-    Status.FAILED: TaskResultStatus.FAILED,
-    Status.TIMED_OUT: TaskResultStatus.FAILED,
-    Status.CANCELED: TaskResultStatus.FAILED,
+    "pending": TaskResultStatus.READY,
+    "running": TaskResultStatus.RUNNING,
+    "waiting": TaskResultStatus.RUNNING,
+    "completed": TaskResultStatus.SUCCESSFUL,
+    "failed": TaskResultStatus.FAILED,
+    "timed_out": TaskResultStatus.FAILED,
+    "canceled": TaskResultStatus.FAILED,
 }
 
 TaskKey = str | Callable[..., str | None] | None
 if TYPE_CHECKING:
+    from .models import JobRun
+
     AnyTask = Task[..., Any]
     AnyResult = TaskResult[Any, Any]
 
@@ -122,6 +157,7 @@ class JobsBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
             _validate_options(task)
 
     def enqueue(self, task: AnyTask, args: Any, kwargs: Any) -> AnyResult:
+        self._require_app()
         self.validate_task(task)
         data = normalize(normalize_json({"args": args, "kwargs": kwargs}), what="arguments")
         from .inline import deferred
@@ -136,6 +172,7 @@ class JobsBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
     def start_scheduled(self, task: AnyTask, data: Any, name: str, tick: datetime) -> JobRun:
         """Start the run of schedule ``name`` for ``tick``: a run of ``task`` as
         ``enqueue()`` makes one, its input ``{"args": [...], "kwargs": {...}}``."""
+        self._require_app()
         self.validate_task(task)
         data = scheduled_arguments(task, data)
         key = idempotency_key(name, tick)
@@ -144,18 +181,27 @@ class JobsBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
         return run
 
     def _start(self, task: AnyTask, data: dict[str, Any], **options: Any) -> JobRun:
-        return api.start_handler(
-            handler_for(task),
+        from .api import start_handler
+
+        handler = handler_for(task)
+        # JOB_OPTIONS' key function (given the task's arguments) is the handler's;
+        # else the task's own.
+        keyed_by_settings = "concurrency_key" in joboptions.sources(handler.job_type)
+        return start_handler(
+            handler,
             data,
             trigger=(TASK_SOURCE, self.alias),
-            pool=task.queue_name,
-            priority=task.priority,
-            concurrency_key=_key(task, data),
-            concurrency_limit=getattr(task, "concurrency_limit", 1),
+            pool=handler.pool,
+            priority=handler.priority,
+            concurrency_key=None if keyed_by_settings else _key(task, data),
+            concurrency_limit=handler.concurrency_limit,
             **options,
         )
 
     def get_result(self, result_id: str) -> AnyResult:
+        self._require_app()
+        from .models import JobRun
+
         run = (
             JobRun.objects.using(conf.get().DATABASE)
             .filter(pk=run_id(result_id), trigger_source=TASK_SOURCE, trigger_ref=self.alias)
@@ -167,10 +213,12 @@ class JobsBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
 
     def result_of(self, run: JobRun) -> AnyResult:
         """The ``TaskResult`` of a task's run, as stored now."""
+        from .models import Status
+
         result = TaskResult(
             task=self._task_of(run),
             id=result_id(run.pk),
-            status=STATUSES[Status(run.status)],
+            status=STATUSES[run.status],
             enqueued_at=run.created_at,
             # One column holds the latest attempt's start, as in django-tasks-db.
             started_at=run.started_at,
@@ -202,18 +250,29 @@ class JobsBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
         # run_at is created_at unless the task was deferred (or a retry was scheduled).
         if run.run_at != run.created_at:
             changes["run_after"] = run.run_at
-        return task.using(**changes)
+        try:
+            return task.using(**changes)
+        except InvalidTask:
+            # A pool or priority JOB_OPTIONS gave the run, which the tasks framework
+            # refuses (a pool outside QUEUES, a priority outside -100..100): the
+            # result names the task's own.
+            del changes["priority"], changes["queue_name"]
+            return task.using(**changes)
+
+    def _require_app(self) -> None:
+        """Raise ``ImproperlyConfigured`` unless django_jobs is installed (check E006)."""
+        if not apps.is_installed("django_jobs"):
+            raise ImproperlyConfigured(f"{self._not_installed()} {NOT_INSTALLED_HINT}")
+
+    def _not_installed(self) -> str:
+        backend = type(self).__name__
+        return f"TASKS[{self.alias!r}] uses {backend}, but django_jobs is not installed."
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
         messages: list[checks.CheckMessage] = list(super().check(**kwargs))
         if not apps.is_installed("django_jobs"):
             messages.append(
-                checks.Error(
-                    f"TASKS[{self.alias!r}] uses {type(self).__name__}, but django_jobs is not "
-                    "installed.",
-                    hint='Add "django_jobs" to INSTALLED_APPS and run migrate.',
-                    id="django_jobs.E006",
-                )
+                checks.Error(self._not_installed(), hint=NOT_INSTALLED_HINT, id="django_jobs.E006")
             )
         for queue in sorted(self.queues):
             problem = pool_problem(queue)
@@ -294,6 +353,8 @@ def _key(task: AnyTask, data: dict[str, Any]) -> str | None:
 
 def _errors(run: JobRun) -> list[TaskError]:
     """The run's recorded error as a ``TaskError``: the latest attempt's (older ones are gone)."""
+    from .models import Status
+
     error = run.error if isinstance(run.error, dict) else {}
     if run.status == Status.CANCELED:
         # The reason given to cancel() (or a close policy's), then how it ended
@@ -318,7 +379,13 @@ def _errors(run: JobRun) -> list[TaskError]:
 
 
 def handler_for(task: AnyTask) -> JobHandler:
-    """The handler that runs ``task``'s runs, with the task's django_jobs options."""
+    """The handler that runs ``task``'s runs, with the task's django_jobs options and,
+    over them, those ``DJANGO_JOBS["JOB_OPTIONS"]`` sets for its path."""
+    return with_options(_handler_of(task))
+
+
+def _handler_of(task: AnyTask) -> JobHandler:
+    """The handler that runs ``task``'s runs, with the task's own options."""
     job_type = task.module_path
     timeout = getattr(task, "timeout", None)
 
@@ -339,14 +406,18 @@ def handler_for(task: AnyTask) -> JobHandler:
         pool=task.queue_name,
         retry=getattr(task, "retry", None) or NO_RETRY,
         timeout=None if timeout is None else _seconds(timeout),
+        concurrency_limit=getattr(task, "concurrency_limit", 1),
         priority=task.priority,
         on_end=_task_ended,
+        task_arguments=True,
     )
 
 
 def _started(run_id: int) -> tuple[AnyTask, AnyResult, list[Any]]:
     """Send ``task_started`` for the task's run; the task as enqueued, its result
     and the positional arguments to call it with (its context first, if it takes one)."""
+    from .models import JobRun
+
     run = JobRun.objects.using(conf.get().DATABASE).get(pk=run_id)
     backend = _backend_of(run)
     result = backend.result_of(run)
@@ -371,6 +442,8 @@ def _returned(value: Any) -> Any:
 
 def _task_ended(run_id: int) -> None:
     """Send ``task_finished`` once a task's run has ended, whoever ended it."""
+    from .models import FINISHED_STATUSES, JobRun
+
     run = JobRun.objects.using(conf.get().DATABASE).filter(pk=run_id).first()
     if run is None or run.trigger_source != TASK_SOURCE:
         return
@@ -402,7 +475,54 @@ def resolve_task(job_type: str) -> JobHandler | None:
     if not configured():
         return None
     task = task_at(job_type, importing=True)
-    return None if task is None else handler_for(task)
+    # registry.get_handler gives it JOB_OPTIONS.
+    return None if task is None else _handler_of(task)
+
+
+def load_option_targets() -> list[str]:
+    """Find, before a worker starts, the tasks ``JOB_OPTIONS`` gives a rate limit, so
+    that its claims enforce the limits from the first run; return their paths.
+
+    A key naming a task is resolved as a worker resolves a run's task. For a
+    pattern, the ``tasks`` modules of the installed apps are imported (as
+    ``jobs.py`` modules are), then the tasks of the installed apps' imported
+    modules that match it are resolved.
+    """
+    entries = conf.merged()["JOB_OPTIONS"]
+    if not configured() or not isinstance(entries, dict):
+        return []
+    limited = [
+        key
+        for key, options in entries.items()
+        if isinstance(key, str) and isinstance(options, dict) and "rate_limit" in options
+    ]
+    if not limited:
+        return []
+    if any(c in key for key in limited for c in "*?["):
+        autodiscover_modules("tasks")
+    paths = {key for key in limited if task_at(key, importing=True) is not None}
+    paths |= {
+        path for path in loaded_tasks() if any(fnmatch.fnmatchcase(path, key) for key in limited)
+    }
+    found = []
+    for path in sorted(paths):
+        if task_at(path, importing=False) is not None:
+            get_handler(path, resolve=True)
+            found.append(path)
+    return found
+
+
+def loaded_tasks() -> list[str]:
+    """The module paths of the tasks defined in the installed apps' modules this
+    process has imported (nothing is imported here)."""
+    paths = set()
+    for name, module in list(sys.modules.items()):
+        if module is None or not _in_installed_app(name):
+            continue
+        for value in list(vars(module).values()):
+            if isinstance(value, Task) and value.module_path.rpartition(".")[0] == name:
+                paths.add(value.module_path)
+    return sorted(paths)
 
 
 def task_at(path: str, *, importing: bool) -> AnyTask | None:

@@ -169,11 +169,9 @@ def main() -> None:
     django.setup()
     from django.db import DatabaseError, connections
 
-    from django_jobs.logstream import BurstHandler
+    from django_jobs.logstream import write_worker_log
 
-    root = logging.getLogger("django_jobs")
-    if not root.handlers and not logging.getLogger().handlers:
-        root.addHandler(BurstHandler(sys.stderr))  # as runjobworker does
+    write_worker_log(sys.stderr)  # as runjobworker does
 
     from django.db.models.functions import Now
 

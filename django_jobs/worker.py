@@ -32,6 +32,7 @@ from .eventloop import DATABASE_THREADS, EventLoop
 from .execution import Outcome, execute, record_handed_off
 from .models import WorkerStatus
 from .registry import all_handlers
+from .retention import Pruner, describe_age
 from .scheduler import Scheduler
 from .storage import ratelimits as limited_runs
 from .storage import upkeep, vendors, workers
@@ -101,6 +102,7 @@ class JobWorker:
         self.stale_threshold = settings.STALE_THRESHOLD
         self.shutdown_timeout = settings.SHUTDOWN_TIMEOUT
         self.cancel_grace = settings.CANCEL_GRACE
+        self.retention = settings.RETENTION  # seconds finished runs are kept; None: all
         # How often the watchdog checks timeouts and wakes sleeping runs.
         self.tick = min(0.5, self.heartbeat_interval)
         self.worker_id: uuid.UUID | None = None
@@ -118,7 +120,7 @@ class JobWorker:
         self._event_loop: EventLoop | None = None  # started by the first async run
         # The rate limits enforced at claim: every registered job's, and this
         # worker's pools' own.
-        self.limits = ratelimits.in_force(all_handlers(), self.pools)
+        self.limits = ratelimits.in_force(all_handlers(tasks=True), self.pools)
         # What to claim for the threads and the event loop, and when (claimer.py).
         self._claimer = Claimer(self.pools, self.limits, async_concurrency, poll_interval)
         self.claimed = 0
@@ -192,15 +194,17 @@ class JobWorker:
             beat = start_thread(self._heartbeat_loop, "django-jobs-heartbeat")
             watchdog = start_thread(self._watchdog_loop, "django-jobs-watchdog")
             scheduling = self.start_scheduler()
+            pruning = self.start_pruner()
         except BaseException:
             self._abort_start()
             raise
         logger.info(
-            "worker=%s started pools=%s concurrency=%d async_concurrency=%d",
+            "worker=%s started pools=%s concurrency=%d async_concurrency=%d retention=%s",
             self.worker_id,
             ",".join(self.pools),
             self.concurrency,
             self.async_concurrency,
+            describe_age(self.retention),
         )
         try:
             self._claim_loop()
@@ -214,8 +218,9 @@ class JobWorker:
             if self._watchman is not None:
                 self._watchman.stop()
             watchdog.join(timeout=5)
-            if scheduling is not None:
-                scheduling.join(timeout=5)
+            for housekeeping in (scheduling, pruning):
+                if housekeeping is not None:
+                    housekeeping.join(timeout=5)
             if listener is not None:
                 listener.join(timeout=5)
             if self._event_loop is not None:
@@ -296,6 +301,14 @@ class JobWorker:
             return None
         scheduler = Scheduler(self.pools, self.stopping, control=self._control)
         return start_thread(scheduler.run, "django-jobs-scheduler")
+
+    def start_pruner(self) -> threading.Thread | None:
+        """Start the retention thread, unless ``RETENTION`` is None: it deletes the
+        runs that finished longer ago, a bounded pass every few minutes."""
+        if self.retention is None:
+            return None
+        pruner = Pruner(self.retention, self.stopping, control=self._control, worker=self.worker_id)
+        return start_thread(pruner.run, "django-jobs-retention")
 
     def request_stop(self) -> None:
         """Stop claiming and drain; asked a second time, give the runs back and stop now."""
@@ -555,7 +568,7 @@ class JobWorker:
                 next_sweep = time.monotonic() + self.heartbeat_interval
                 self._quietly(self._rescue)
                 self._quietly(self._poll_cancel_requests)
-                sweep = (self.pools, self.limits, all_handlers(), self.tick)
+                sweep = (self.pools, self.limits, all_handlers(tasks=True), self.tick)
                 if self._quietly(upkeep.every_sweep, *sweep):
                     self._news()
             self._quietly(self._enforce_deadlines)

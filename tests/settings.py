@@ -72,7 +72,7 @@ DATABASES = {
     "sqlite": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"},
 }
 
-DJANGO_JOBS = {
+DJANGO_JOBS: dict[str, Any] = {
     "POLL_INTERVAL": float(os.environ.get("DJANGO_JOBS_POLL_INTERVAL", "0.1")),
     "HEARTBEAT_INTERVAL": float(os.environ.get("DJANGO_JOBS_HEARTBEAT_INTERVAL", "1")),
     "STALE_THRESHOLD": float(os.environ.get("DJANGO_JOBS_STALE_THRESHOLD", "3")),
@@ -81,9 +81,15 @@ DJANGO_JOBS = {
     # Off for workers behind PgBouncer 1.18 (test_pgbouncer), which cannot keep them.
     "PREPARED_STATEMENTS": os.environ.get("DJANGO_JOBS_PREPARED_STATEMENTS", "1") == "1",
 }
+if os.environ.get("DJANGO_JOBS_RETENTION") == "off":
+    # Worker subprocesses of test_retention_process that keep every run.
+    DJANGO_JOBS["RETENTION"] = None
 if os.environ.get("DJANGO_JOBS_TENANT_CONCURRENCY"):
     # Worker subprocesses of the tenant caps' process test (JSON: a cap, or caps by pool).
     DJANGO_JOBS["TENANT_CONCURRENCY"] = json.loads(os.environ["DJANGO_JOBS_TENANT_CONCURRENCY"])
+if os.environ.get("DJANGO_JOBS_JOB_OPTIONS"):
+    # Worker subprocesses of the JOB_OPTIONS process test (JSON: options by job type).
+    DJANGO_JOBS["JOB_OPTIONS"] = json.loads(os.environ["DJANGO_JOBS_JOB_OPTIONS"])
 
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",

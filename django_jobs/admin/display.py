@@ -9,7 +9,7 @@ from typing import Any
 from django.core.serializers.json import DjangoJSONEncoder
 from django.urls import reverse
 from django.utils import formats, timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext, ngettext
 
@@ -234,3 +234,26 @@ def progress(value: Any) -> str:
     message = value.get("message") or ""
     message = message[:1000] if isinstance(message, str) else ""
     return f"{text} {message}" if message else text
+
+
+# The most characters of one option's value shown (a RetryPolicy's repr is long).
+OPTION_SHOWN = 200
+
+
+def job_options(job_type: Any) -> SafeString | str:
+    """The options ``DJANGO_JOBS["JOB_OPTIONS"]`` sets for ``job_type`` now, each with
+    the key it comes from; they apply to the runs started (and attempts made) now."""
+    from ..joboptions import in_force
+
+    found = in_force(job_type) if isinstance(job_type, str) else []
+    if not found:
+        return EMPTY
+    items = format_html_join(
+        "",
+        "<li>{} = {} <small>(JOB_OPTIONS[{}])</small></li>",
+        (
+            (name, cut(value, OPTION_SHOWN), cut(repr(key), OPTION_SHOWN))
+            for name, value, key in found
+        ),
+    )
+    return format_html('<ul style="margin:0;padding-left:1em">{}</ul>', items)

@@ -206,6 +206,7 @@ class JobRunAdmin(  # type: ignore[misc]
                     "concurrency_limit",
                     "waits_for",
                     "idempotency_key",
+                    "options_in_force",
                 ]
             },
         ),
@@ -411,6 +412,10 @@ class JobRunAdmin(  # type: ignore[misc]
         """What keeps a pending run from running (``admin.waits``), or the event a
         waiting run waits for (``admin.events``)."""
         return waits.waits_for(run) or events.waiting_for_event(run) or EMPTY
+
+    @admin.display(description=_("options from settings"))
+    def options_in_force(self, run: JobRun) -> SafeString | str:
+        return display.job_options(run.job_type)
 
     @admin.display(description=_("events"))
     def event_list(self, run: JobRun) -> SafeString | str:

@@ -69,7 +69,7 @@ def _rate(run: JobRun) -> SafeString | str | None:
     """The first limit of the run (its job's, its key's, its pool's, as this code base
     and its settings declare them) whose window is full under its rate, and when it
     opens."""
-    limits = ratelimits.in_force(all_handlers(), [run.pool])
+    limits = ratelimits.in_force(all_handlers(tasks=True), [run.pool])
     row = {"pool": run.pool, "job_type": run.job_type, "rate_key": run.rate_key}
     for scope, name, rate in limited.limits_of(row, limits):
         opens = (

@@ -5,14 +5,11 @@ from __future__ import annotations
 import logging
 import time
 
-from django.conf import settings
 from django.db import OperationalError, connections
 
 from django_jobs.management.base import database_error, first_line
 from django_jobs.models import Worker
-from django_jobs.registry import all_handlers
-
-TASKS_BACKEND = "django_jobs.tasks_backend.JobsBackend"
+from django_jobs.pools import handled_pools
 
 logger = logging.getLogger(__name__)
 
@@ -45,20 +42,9 @@ def wait_for_database(alias: str, timeout: float) -> None:
             delay = min(delay * 2, 5.0)
 
 
-def pools_with_handlers() -> set[str]:
-    """The pools this process knows runs for: its ``@job`` handlers' and its tasks queues."""
-    known = {handler.pool for handler in all_handlers().values()}
-    for backend in getattr(settings, "TASKS", {}).values():
-        if backend.get("BACKEND") == TASKS_BACKEND:
-            # @task functions are found by module path when run, not registered:
-            # only the queues the backend names (or Django's default one) are known.
-            known.update(backend.get("QUEUES") or ["default"])
-    return known
-
-
 def warn_of_pools_without_handlers(pools: list[str]) -> None:
     """Warn of served pools no handler here enqueues to (a typo, or code deployed elsewhere)."""
-    known = pools_with_handlers()
+    known = handled_pools()
     for pool in pools:
         if pool not in known:
             logger.warning(

@@ -488,3 +488,31 @@ def test_admin_lists_code_schedules_read_only(declare: Declare, admin_client: Cl
     assert not model_admin.overdue(gone)  # no next tick stored
     gone.next_tick = utc(2020, 1, 1)
     assert model_admin.overdue(gone)
+
+
+# --- the start line -------------------------------------------------------------------
+
+
+def test_the_start_line_names_the_schedules_or_says_none(
+    declare: Declare, caplog: pytest.LogCaptureFixture
+) -> None:
+    def started(pools: list[str]) -> str:
+        stop = threading.Event()
+        stop.set()  # the thread's loop ends at once: only its start line is logged
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="django_jobs.scheduler"):
+            Scheduler(pools, stop).run()
+        (line,) = [m for r in caplog.records if "scheduler started" in (m := r.getMessage())]
+        return line
+
+    assert started(["nosuchpool"]) == "scheduler started schedules=none"
+    declare("sched.b", "@daily", pool="mailing")
+    declare("sched.a", "@hourly", pool="mailing")
+    assert started(["mailing"]) == "scheduler started schedules=sched.a,sched.b"
+
+
+def test_a_long_list_of_names_is_cut() -> None:
+    names = [f"s{n:03}" for n in range(25)]
+    assert scheduler.listed(names[:2]) == "s000,s001"
+    assert scheduler.listed(reversed(names)) == ",".join(names[:20]) + ",...,+5"
+    assert scheduler.listed([]) == "none"

@@ -14,8 +14,9 @@ from django.db import OperationalError
 from django.utils import timezone
 
 from django_jobs.models import Status, WorkerStatus
-from django_jobs.pools import pause_pool
+from django_jobs.pools import declared_pools, pause_pool, resume_pool
 from django_jobs.snapshot import snapshot
+from django_jobs.storage import workers
 from tests.factories import JobRunFactory, RunningJobRunFactory, WorkerFactory
 
 pytestmark = pytest.mark.django_db
@@ -229,3 +230,54 @@ def test_jobstatus_watch_outlives_a_database_outage(monkeypatch: pytest.MonkeyPa
     call_command("jobstatus", "--watch", "--json", stdout=out, stderr=err)
     assert len(out.getvalue().splitlines()) == 2
     assert "cannot read the queue: the database system is shutting down" in err.getvalue()
+
+
+# --- which pools are listed -------------------------------------------------------------
+
+
+def listed() -> list[str]:
+    return [pool.name for pool in snapshot().pools]
+
+
+def test_a_mistyped_pool_leaves_the_listings_when_its_worker_stops() -> None:
+    # What `runjobworker --pool nosuchpool` writes at start and at its end.
+    worker = workers.register_worker("host", 1, ["nosuchpool"], 4)
+    assert listed() == ["nosuchpool"]
+    workers.stop_worker(worker.pk)
+    assert listed() == []
+    assert json.loads(jobstatus("--json"))["pools"] == []
+    # A worker killed without stopping (its row left running) counts until it is stale.
+    WorkerFactory(pools=["nosuchpool"], heartbeat_at=timezone.now() - timedelta(hours=1))
+    assert listed() == []
+
+
+def test_an_idle_pool_stays_listed_while_declared_paused_or_with_runs(settings: Any) -> None:
+    for name in ["echo", "nosuchpool", "paused", "resumed", "pending", "finished", "limited"]:
+        workers.stop_worker(workers.register_worker("host", 1, [name], 4).pk)
+    pause_pool("paused", reason="kept")
+    pause_pool("resumed")
+    resume_pool("resumed")
+    JobRunFactory(pool="pending")
+    JobRunFactory(pool="finished", status=Status.COMPLETED, finished_at=timezone.now())
+    settings.DJANGO_JOBS = {**settings.DJANGO_JOBS, "TENANT_CONCURRENCY": {"limited": 2}}
+    # echo: a @job's pool (tests.echo); limited: named by the settings.
+    shot = {pool.name: pool for pool in snapshot().pools}
+    assert list(shot) == ["echo", "finished", "limited", "paused", "pending"]
+    assert (shot["paused"].paused, shot["paused"].pause_reason) == (True, "kept")
+    assert shot["echo"].workers == 0
+
+
+def test_the_pools_a_project_declares() -> None:
+    # The test settings' TASKS backend takes any queue: only Django's default one is known.
+    assert {"echo", "default", "ratelimited"} <= declared_pools()
+    assert "nosuchpool" not in declared_pools()
+
+
+def test_the_settings_pools_are_declared_and_bad_names_are_not(settings: Any) -> None:
+    settings.DJANGO_JOBS = {
+        "RATE_LIMITS": {"mail": "10/s"},
+        "TENANT_CONCURRENCY": {"reports": 2, "*": 5},
+        "JOB_OPTIONS": {"wagtail.*": {"pool": "wagtail"}, "x.*": {"pool": "a b"}, "y": 3},
+    }
+    assert {"mail", "reports", "wagtail"} <= declared_pools()
+    assert not {"*", "a b"} & declared_pools()

@@ -6,6 +6,7 @@ Runs on Django 6 (django.tasks) and on Django 5.2 with the django-tasks backport
 from __future__ import annotations
 
 import logging
+import sys
 import traceback
 from collections.abc import Iterator
 from datetime import timedelta
@@ -182,18 +183,59 @@ def test_a_value_that_is_not_json_fails_without_retries() -> None:
     assert "Unsupported type" in result.errors[0].traceback
 
 
-def test_the_task_finished_log_line_carries_the_exception(caplog: Any) -> None:
-    """Django's receiver logs sys.exc_info(): the signal is sent while the error is handled."""
-    name = "django.tasks" if django.VERSION >= (6, 0) else "django_tasks"  # the backport's
-    with caplog.at_level(logging.ERROR, logger=name):
+# Django's own tasks logger: Django 6's, or the backport's.
+DJANGO_TASKS = "django.tasks" if django.VERSION >= (6, 0) else "django_tasks"
+
+
+def test_a_failed_task_is_logged_once_with_its_exception(caplog: Any) -> None:
+    """django_jobs' outcome lines, each with the exception; Django's own receivers
+    write no line of their own for the runs' starts and end."""
+    with caplog.at_level(logging.INFO):
         result = finished(tasks.flaky.enqueue(succeed_on=9))
-    [line] = [r for r in caplog.records if r.name == name]
-    assert result.id in line.getMessage()
-    assert line.exc_info is not None
-    assert "attempt 3 failed" in str(line.exc_info[1])
-    frames = "".join(traceback.format_tb(line.exc_info[2]))
+    assert [r for r in caplog.records if r.name == DJANGO_TASKS] == []
+    lines = [r for r in caplog.records if r.name == "django_jobs.execution"]
+    assert [r.levelname for r in lines] == ["WARNING", "WARNING", "ERROR"]
+    assert all(r.exc_info is not None for r in lines)
+    assert "attempt 3 failed" in str(lines[-1].exc_info[1])  # type: ignore[index]
+    assert f"run={run_id(result.id)} " in lines[-1].getMessage()
+
+
+def test_task_finished_is_sent_while_the_exception_is_handled() -> None:
+    """As Django's backends send it: a receiver reads the task's error in sys.exc_info()."""
+    seen: list[Any] = []
+
+    def receive(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        seen.append(sys.exc_info())
+
+    task_finished.connect(receive)
+    try:
+        finished(tasks.flaky.enqueue(succeed_on=9))
+    finally:
+        task_finished.disconnect(receive)
+    [(_, error, trace)] = seen
+    assert "attempt 3 failed" in str(error)
+    frames = "".join(traceback.format_tb(trace))
     assert "in flaky" in frames
     assert "_ended_handling" not in frames  # the raise that set exc_info is not shown
+
+
+def test_an_end_django_jobs_logs_no_line_for_keeps_django_line(caplog: Any) -> None:
+    """A pending task canceled: no worker logs its outcome; Django's receiver does."""
+    result = tasks.add.enqueue(1, 2)
+    with caplog.at_level(logging.INFO, logger=DJANGO_TASKS):
+        cancel(run_id(result.id))
+    [line] = [r for r in caplog.records if r.name == DJANGO_TASKS]
+    assert result.id in line.getMessage()
+    assert "state=FAILED" in line.getMessage()
+
+
+def test_other_backends_task_lines_are_left_alone(caplog: Any) -> None:
+    """Django's lines name a result id this backend did not sign: they are kept."""
+    with caplog.at_level(logging.INFO, logger=DJANGO_TASKS):
+        logging.getLogger(DJANGO_TASKS).info(
+            "Task id=%s path=%s state=%s", "1", "elsewhere.task", TaskResultStatus.RUNNING
+        )
+    assert len([r for r in caplog.records if r.name == DJANGO_TASKS]) == 1
 
 
 def test_return_values_are_normalised_as_django_does() -> None:
@@ -391,6 +433,13 @@ def test_check_without_the_app(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(apps, "is_installed", lambda name: name != "django_jobs")
     assert [message.id for message in task_backends["default"].check()] == ["django_jobs.E006"]
+
+
+def test_every_run_status_has_a_task_status() -> None:
+    # Keyed by value: the backend does not import the models at module level.
+    from django_jobs.tasks_backend import STATUSES
+
+    assert set(STATUSES) == set(Status.values)
 
 
 def test_the_backends_flags() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -12,7 +13,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from django_jobs.models import JobRun, Worker
+from django_jobs.models import JobPool, JobRun, Worker
 from tests.helpers import ROOT, WorkerProcess, on_server, worker_env
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.process]
@@ -144,3 +145,29 @@ def test_a_pool_without_a_handler_is_warned_of_and_served(
     assert "pool=nosuchpool has no registered handler in this process" in worker.output()
     assert not JobRun.objects.exists()
     assert Worker.objects.get().pools == ["nosuchpool"]
+
+
+def test_a_mistyped_pool_leaves_jobstatus_when_its_worker_stops(
+    start_worker: Callable[..., WorkerProcess],
+) -> None:
+    worker = start_worker("--pool", "nosuchpool", "--burst")
+    assert worker.wait(timeout=60) == 0, worker.output()
+    assert JobPool.objects.filter(name="nosuchpool").exists()  # served: recorded
+    result = manage("jobstatus", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["pools"] == []
+    # A paused pool stays listed whatever else it has.
+    assert manage("jobpool", "pause", "nosuchpool").returncode == 0
+    [pool] = json.loads(manage("jobstatus", "--json").stdout)["pools"]
+    assert (pool["pool"], pool["paused"]) == ("nosuchpool", True)
+
+
+def test_the_worker_refuses_to_start_in_the_test_mode_of_run_on_commit() -> None:
+    result = manage("runjobworker", DJANGO_SETTINGS_MODULE="tests.process.run_on_commit_settings")
+    assert result.returncode == 1
+    assert command_error(result.stderr) == [
+        "CommandError: DJANGO_JOBS['RUN_ON_COMMIT'] is True: in this test mode a run runs in "
+        "the process that starts it, when its transaction commits, and no worker runs it. "
+        "Start runjobworker with settings that leave RUN_ON_COMMIT False."
+    ]
+    assert not Worker.objects.exists()

@@ -65,7 +65,8 @@ def test_cooperative_cancel_of_a_running_run(start_worker: StartWorker) -> None:
 
 def test_a_handler_ignoring_cancel_is_fenced_after_the_grace(start_worker: StartWorker) -> None:
     run = start("tests.ignoring", {"seconds": 6})
-    worker = start_worker("--pool", "default", DJANGO_JOBS_CANCEL_GRACE="1")
+    # -v 2: the handler's late return is a DEBUG line (its run's end was logged).
+    worker = start_worker("--pool", "default", "-v", "2", DJANGO_JOBS_CANCEL_GRACE="1")
     wait_until(lambda: effects(run, "ignoring") == 1)
     cancel(run.pk)
     wait_until(lambda: status_of(run) == Status.CANCELED, timeout=15)
@@ -80,7 +81,7 @@ def test_a_run_past_its_timeout_ends_timed_out_and_its_late_result_is_dropped(
     start_worker: StartWorker,
 ) -> None:
     run = start("tests.slow", {"seconds": 3})
-    worker = start_worker("--pool", "default")
+    worker = start_worker("--pool", "default", "-v", "2")  # the late return is a DEBUG line
     wait_until(lambda: status_of(run) == Status.TIMED_OUT, timeout=15)
     run.refresh_from_db()
     assert run.cancel_requested_at is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import time
@@ -13,6 +14,14 @@ from django.utils import timezone
 from django_jobs import JobContext, RetryPolicy, job
 
 from .models import Execution
+
+if os.environ.get("DJANGO_JOBS_RETENTION_INTERVAL"):
+    # Worker subprocesses of test_retention_process prune every few tenths of a
+    # second rather than every few minutes (not a setting: this module is
+    # imported by every worker at its start, before its threads begin).
+    from django_jobs import retention
+
+    retention.INTERVAL = float(os.environ["DJANGO_JOBS_RETENTION_INTERVAL"])
 
 
 class PermanentError(Exception):
@@ -321,6 +330,17 @@ def progress_held(ctx: JobContext) -> int:
 def loud_failure(ctx: JobContext) -> None:
     """Fails with a message of ``input["size"]`` characters, as a careless handler might."""
     raise ValueError("x" * ctx.input["size"])
+
+
+@job("tests.says")
+def says(ctx: JobContext) -> None:
+    """Logs each of ``input["lines"]``, ``[where, text]``: on its run's logger (``run``),
+    or as a warning of a logger of the project's own that no LOGGING configures."""
+    for where, text in ctx.input["lines"]:
+        if where == "run":
+            ctx.logger.info("%s", text)
+        else:
+            logging.getLogger("tests.testapp.elsewhere").warning("%s", text)
 
 
 @job("tests.fails_with")

@@ -7,6 +7,8 @@ import os
 import time
 from typing import Any
 
+from django.utils import timezone
+
 from django_jobs import RetryAfter, RetryPolicy
 from django_jobs.tasks_backend import run_id as run_id_of
 from django_jobs.tasks_compat import TaskContext, task
@@ -40,6 +42,14 @@ def flaky(context: TaskContext, succeed_on: int) -> dict[str, Any]:
     if context.attempt < succeed_on:
         raise ConnectionError(f"attempt {context.attempt} failed")
     return {"attempt": context.attempt, "id": context.task_result.id}
+
+
+@task(takes_context=True, retry=RetryPolicy(attempts=2, base_delay=0))
+async def flaky_async(context: TaskContext, succeed_on: int) -> int:
+    """``flaky`` as an async task, with two attempts."""
+    if context.attempt < succeed_on:
+        raise ConnectionError(f"attempt {context.attempt} failed")
+    return context.attempt
 
 
 @task(takes_context=True, retry=RetryPolicy(attempts=2, base_delay=0))
@@ -125,3 +135,12 @@ def note(name: str) -> str:
     """Leaves a row named ``name``: a side effect any backend's test can look for."""
     Execution.objects.create(run_id=0, job_type=name, attempt=1, pid=os.getpid())
     return name
+
+
+@task
+def overlapping(seconds: float) -> int:
+    """Records when it ran (started_at, finished_at), to find runs that overlapped."""
+    row = Execution.objects.create(run_id=0, job_type="overlapping", attempt=1, pid=os.getpid())
+    time.sleep(seconds)
+    Execution.objects.filter(pk=row.pk).update(finished_at=timezone.now())
+    return row.pk

@@ -9,6 +9,9 @@ from django_jobs import conf
 from django_jobs.checks import (
     check_database,
     check_databases,
+    check_deploy,
+    check_limited_pools,
+    check_routers,
     check_schedules,
     check_settings,
     database_messages,
@@ -113,8 +116,22 @@ def test_a_check_on_invalid_values_is_skipped_not_crashed(settings: Any) -> None
     assert ids(check_settings()) == ["django_jobs.E001", "django_jobs.E001"]
 
 
-def test_sqlite_gets_a_single_process_warning() -> None:
-    assert ids(check_database("sqlite")) == ["django_jobs.W001"]
+def test_a_sqlite_file_gets_a_single_process_warning() -> None:
+    connection = _connection("sqlite", "SQLite", "db.sqlite3", transaction_mode="IMMEDIATE")
+    [message] = database_messages(connection, "default")
+    assert message.id == "django_jobs.W001"
+    assert "serves one worker process" in message.msg
+
+
+@pytest.mark.parametrize("name", [":memory:", "file:memorydb_default?mode=memory&cache=shared"])
+def test_an_in_memory_sqlite_database_gets_no_warning(name: str) -> None:
+    # Each connection has its own database there: no worker process can share
+    # it, so "one worker process only" would only be noise (a test database).
+    assert database_messages(_connection("sqlite", "SQLite", name), "default") == []
+
+
+def test_the_suites_in_memory_sqlite_alias_gets_no_warning() -> None:
+    assert check_database("sqlite") == []
 
 
 @pytest.mark.django_db
@@ -122,10 +139,17 @@ def test_the_suites_database_is_served() -> None:
     assert check_database("default") == []
 
 
-def test_database_check_runs_only_for_the_jobs_alias(settings: Any) -> None:
+def test_database_check_runs_only_for_the_jobs_alias(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.db import connections
+
+    # A file's name (never opened: the checks of SQLite do not connect).
+    monkeypatch.setitem(connections["sqlite"].settings_dict, "NAME", "/nonexistent/db.sqlite3")
     settings.DJANGO_JOBS = {"DATABASE": "sqlite"}
     assert check_databases(databases=None) == []
-    assert ids(check_databases(databases=["sqlite"])) == ["django_jobs.W001"]
+    assert check_databases(databases=["default"]) == []
+    assert ids(check_databases(databases=["sqlite"])) == ["django_jobs.W001", "django_jobs.W002"]
 
 
 def _connection(
@@ -206,7 +230,8 @@ def test_mariadb_10_6_and_mysql_8_are_served() -> None:
 
 def test_postgresql_and_sqlite_are_served() -> None:
     assert database_messages(_connection("postgresql", "PostgreSQL"), "default") == []
-    assert ids(database_messages(_connection("sqlite", "SQLite"), "x")) == ["django_jobs.W001"]
+    connection = _connection("sqlite", "SQLite", "db.sqlite3", transaction_mode="IMMEDIATE")
+    assert ids(database_messages(connection, "x")) == ["django_jobs.W001"]
 
 
 def test_a_sqlite_file_without_immediate_transactions_is_warned_of() -> None:
@@ -223,3 +248,113 @@ def test_a_sqlite_file_without_immediate_transactions_is_warned_of() -> None:
 def test_a_sqlite_file_taking_the_write_lock_at_begin_is_not_warned_of(mode: str) -> None:
     connection = _connection("sqlite", "SQLite", "db.sqlite3", transaction_mode=mode)
     assert ids(database_messages(connection, "default")) == ["django_jobs.W001"]
+
+
+# --- the hint of a value's E001 ----------------------------------------------------------
+
+
+def test_a_bad_value_is_not_answered_with_the_list_of_keys(settings: Any) -> None:
+    settings.DJANGO_JOBS = {"RETENTION": float("inf")}  # "forever" is None
+    [message] = check_settings()
+    assert message.msg == (
+        "DJANGO_JOBS: RETENTION must be from a minute to 100 years (or None), got inf."
+    )
+    assert message.hint == "See docs/settings.md for the values each key takes."
+
+
+# --- RUN_ON_COMMIT in production (check --deploy) ---------------------------------------
+
+
+def test_run_on_commit_is_a_deploy_warning(settings: Any) -> None:
+    from django.core.checks import run_checks
+
+    settings.DJANGO_JOBS = {"RUN_ON_COMMIT": True}
+    assert ids(check_deploy()) == ["django_jobs.W003"]
+    deploy = run_checks(include_deployment_checks=True, databases=[])
+    assert "django_jobs.W003" in ids(deploy)
+    # Not in a plain check: the settings of a project's tests set it.
+    assert "django_jobs.W003" not in ids(run_checks(databases=[]))
+    settings.DJANGO_JOBS = {"RUN_ON_COMMIT": False}
+    assert check_deploy() == []
+
+
+# --- pools the settings limit that no run is sent to --------------------------------------
+
+QUEUES = {"default": {"BACKEND": "django_jobs.tasks_backend.JobsBackend", "QUEUES": ["tasks"]}}
+
+
+def test_a_limit_on_a_pool_no_run_is_sent_to_is_warned_of(settings: Any) -> None:
+    settings.TASKS = QUEUES
+    settings.DJANGO_JOBS = {
+        # echo: a @job's pool (tests.echo); tasks: a queue of the backend.
+        "RATE_LIMITS": {"echo": "5/s", "tasks": "1/s", "emials": "100/m"},
+        "TENANT_CONCURRENCY": {"*": 3, "echo": 2, "reprots": 1},
+    }
+    messages = check_limited_pools()
+    assert [(m.id, m.msg) for m in messages] == [
+        (
+            "django_jobs.W004",
+            "DJANGO_JOBS['RATE_LIMITS'] names pool 'emials', which no @job, tasks queue or "
+            "JOB_OPTIONS entry sends runs to: it limits no run.",
+        ),
+        (
+            "django_jobs.W004",
+            "DJANGO_JOBS['TENANT_CONCURRENCY'] names pool 'reprots', which no @job, tasks queue "
+            "or JOB_OPTIONS entry sends runs to: it limits no run.",
+        ),
+    ]
+    assert "SILENCED_SYSTEM_CHECKS" in messages[0].hint
+
+
+def test_a_pool_job_options_send_runs_to_may_be_limited(settings: Any) -> None:
+    settings.TASKS = QUEUES
+    settings.DJANGO_JOBS = {
+        "RATE_LIMITS": {"wagtail": "5/s"},
+        "JOB_OPTIONS": {"wagtail.*": {"pool": "wagtail"}},
+    }
+    assert check_limited_pools() == []
+
+
+def test_a_backend_taking_any_queue_may_send_runs_to_any_pool(settings: Any) -> None:
+    # The suite's TASKS: QUEUES = [] lets a task name any queue.
+    settings.DJANGO_JOBS = {"RATE_LIMITS": {"emials": "100/m"}}
+    assert check_limited_pools() == []
+
+
+# --- routers ----------------------------------------------------------------------------
+
+
+class JobsElsewhere:
+    """A router that keeps django_jobs' tables out of every database but "sqlite"."""
+
+    def allow_migrate(self, db: str, app_label: str, **hints: Any) -> bool | None:
+        if app_label == "django_jobs":
+            return db == "sqlite"
+        return None
+
+
+def test_a_router_keeping_the_tables_out_of_the_jobs_database_is_an_error(
+    settings: Any,
+) -> None:
+    assert check_routers() == []
+    settings.DATABASE_ROUTERS = [f"{__name__}.JobsElsewhere"]
+    [message] = check_routers()
+    assert message.id == "django_jobs.E016"
+    assert message.msg == (
+        "DATABASE_ROUTERS keep migrate from creating django_jobs' tables in the jobs database "
+        "'default': workers and enqueues would find no table there."
+    )
+    assert "migrate --database default" in str(message.hint)
+    settings.DJANGO_JOBS = {"DATABASE": "sqlite"}
+    assert check_routers() == []
+
+
+class StepsElsewhere:
+    def allow_migrate(self, db: str, app_label: str, model_name: str = "", **hints: Any) -> bool:
+        return model_name != "jobstep"
+
+
+def test_a_router_refusing_some_tables_names_them(settings: Any) -> None:
+    settings.DATABASE_ROUTERS = [f"{__name__}.StepsElsewhere"]
+    [message] = check_routers()
+    assert "django_jobs' tables JobStep in the jobs database 'default'" in message.msg

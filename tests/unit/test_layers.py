@@ -36,6 +36,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "tasks_compat",
                 "ratelimits",
                 "embedded",
+                "joboptions",
             }
         ),
     ),

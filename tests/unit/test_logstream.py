@@ -6,12 +6,19 @@ import io
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from django_jobs.errors import MAX_ERROR_MESSAGE, MAX_TRACEBACK
-from django_jobs.logstream import MAX_LINE, BurstHandler, SafeTracebacks
+from django_jobs.logstream import (
+    MAX_LINE,
+    BurstHandler,
+    SafeTracebacks,
+    outcome_line_follows,
+    outcome_line_to_follow,
+    write_worker_log,
+)
 
 
 def make_logger(handler: logging.Handler) -> logging.Logger:
@@ -161,3 +168,72 @@ def test_a_long_traceback_keeps_both_ends() -> None:
     assert len(text) < MAX_LINE + MAX_TRACEBACK + 500
     assert "Traceback (most recent call last):" in text
     assert text.rstrip().endswith("ValueError: the failing line")
+
+
+# --- the worker's log, beside the other handlers of the process --------------------
+
+
+@pytest.fixture
+def bare_logging(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], None]]:
+    """Called in a test: no handler on the root logger (pytest's own taken off) nor on
+    django_jobs' loggers, as in a project without LOGGING. The record factory and
+    the handlers are put back after."""
+
+    def bare() -> None:
+        monkeypatch.setattr(logging.getLogger(), "handlers", [])
+        for name, each in list(logging.Logger.manager.loggerDict.items()):
+            if isinstance(each, logging.Logger) and (name + ".").startswith("django_jobs."):
+                monkeypatch.setattr(each, "handlers", [])
+                monkeypatch.setattr(each, "propagate", True)
+
+    factory = logging.getLogRecordFactory()
+    yield bare
+    logging.setLogRecordFactory(factory)
+
+
+def test_kept_lines_are_written_before_another_logger_writes(
+    bare_logging: Callable[[], None],
+) -> None:
+    bare_logging()
+    stream = io.StringIO()
+    handler = write_worker_log(stream)
+    assert handler is not None
+    ours = logging.getLogger("django_jobs.tests.order")
+    ours.setLevel(logging.INFO)
+    other = make_logger(logging.StreamHandler(stream))  # writes at once, as Django's console
+    ours.info("first")
+    ours.info("second")
+    other.info("third")
+    ours.info("fourth")
+    handler.close()
+    said = [line.rsplit(" ", 1)[-1] for line in stream.getvalue().splitlines()]
+    assert said == ["first", "second", "third", "fourth"]
+
+
+@pytest.mark.parametrize(
+    "configure",
+    [
+        lambda: logging.getLogger().addHandler(logging.NullHandler()),
+        lambda: logging.getLogger("django_jobs").addHandler(logging.NullHandler()),
+        lambda: logging.getLogger("django_jobs.execution").addHandler(logging.NullHandler()),
+        lambda: setattr(logging.getLogger("django_jobs"), "propagate", False),
+    ],
+    ids=["root", "django_jobs", "a logger below it", "django_jobs silenced"],
+)
+def test_a_logging_of_the_project_own_gets_no_handler_added(
+    bare_logging: Callable[[], None], configure: Callable[[], None]
+) -> None:
+    bare_logging()
+    configure()
+    factory = logging.getLogRecordFactory()
+    assert write_worker_log(io.StringIO()) is None
+    assert logging.getLogRecordFactory() is factory
+
+
+def test_the_outcome_line_to_follow_is_the_innermost() -> None:
+    assert outcome_line_to_follow() is None
+    with outcome_line_follows(1):
+        with outcome_line_follows(2):
+            assert outcome_line_to_follow() == 2
+        assert outcome_line_to_follow() == 1
+    assert outcome_line_to_follow() is None

@@ -9,12 +9,14 @@ from typing import Any
 from django.core.management.base import CommandParser
 from django.db import DatabaseError, connections
 
-from django_jobs import conf
+from django_jobs import conf, joboptions
 from django_jobs.management.arguments import describe, duration, pool_name, positive_float
 from django_jobs.management.base import JobsCommand, database_error, first_line
 from django_jobs.models import FINISHED_STATUSES
 from django_jobs.payloads import terminal_safe
+from django_jobs.registry import all_handlers
 from django_jobs.snapshot import RunProgress, Snapshot, WorkerState, age, snapshot
+from django_jobs.tasks_backend import loaded_tasks
 
 # Pools named on a worker's line; the rest are counted ("… and 3 more").
 POOLS_SHOWN = 10
@@ -172,10 +174,30 @@ class Command(JobsCommand):
             return
 
     def _show(self, shot: Snapshot, options: dict[str, Any]) -> None:
+        in_force = job_options()
         if options["json"]:
-            self.stdout.write(json.dumps(shot.as_json()))
+            self.stdout.write(json.dumps({**shot.as_json(), "job_options": in_force}))
             return
         if options["watch"]:
             # Clear the terminal; piped output gets a blank line between snapshots.
             self.stdout.write("\x1b[H\x1b[2J" if self.stdout.isatty() else "\n", ending="")
-        self.stdout.write(render(shot))
+        self.stdout.write(render(shot) + render_options(in_force))
+
+
+def job_options() -> list[dict[str, Any]]:
+    """The keys of ``JOB_OPTIONS``, their options, and the job types (``@job``s, and
+    the tasks of the modules this process imported) each gives options to."""
+    return joboptions.by_key([*all_handlers(), *loaded_tasks()])
+
+
+def render_options(in_force: list[dict[str, Any]]) -> str:
+    """The text of ``JOB_OPTIONS`` in force, after the snapshot's (empty without any)."""
+    if not in_force:
+        return ""
+    lines = ["", "", "Options from settings (JOB_OPTIONS)"]
+    for entry in in_force:
+        options = ", ".join(f"{name}={value}" for name, value in entry["options"].items())
+        lines.append(f"  {entry['key']}: {options or 'no valid option'}")
+        applies = ", ".join(entry["job_types"]) or "no job type this process knows"
+        lines.append(f"    applies to {applies}")
+    return "\n".join(terminal_safe(line) for line in lines)

@@ -15,7 +15,7 @@ from django_jobs import conf
 from django_jobs.checks import check_database, connection_limit, pool_size
 from django_jobs.eventloop import DATABASE_THREADS
 from django_jobs.exceptions import WorkerRefused
-from django_jobs.logstream import BurstHandler
+from django_jobs.logstream import LOGGER, write_worker_log
 from django_jobs.management import reload
 from django_jobs.management.arguments import (
     DEFAULT_CONCURRENCY,
@@ -30,6 +30,7 @@ from django_jobs.management.arguments import (
 from django_jobs.management.base import JobsCommand
 from django_jobs.management.startup import wait_for_database, warn_of_pools_without_handlers
 from django_jobs.registry import all_handlers
+from django_jobs.tasks_backend import load_option_targets
 from django_jobs.worker import DEFAULT_ASYNC_CONCURRENCY, JobWorker
 
 DEFAULT_START_TIMEOUT = 30.0
@@ -138,6 +139,12 @@ class Command(JobsCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         self._configure_logging(options["verbosity"])
+        if conf.get().RUN_ON_COMMIT:
+            raise CommandError(
+                "DJANGO_JOBS['RUN_ON_COMMIT'] is True: in this test mode a run runs in the "
+                "process that starts it, when its transaction commits, and no worker runs it. "
+                "Start runjobworker with settings that leave RUN_ON_COMMIT False."
+            )
         reloading = self._reloading(options)
         if reloading and not reload.is_child():
             # The reloader's parent: it runs no worker and touches no database.
@@ -165,6 +172,9 @@ class Command(JobsCommand):
         if options["metrics_port"] is not None:
             self._serve_metrics(options["metrics_port"], options["metrics_addr"])
         pools = options["pools"] or ["default"]
+        # The tasks JOB_OPTIONS gives a rate limit: found before the worker reads
+        # the limits it enforces.
+        load_option_targets()
         warn_of_pools_without_handlers(pools)
         worker = JobWorker(
             pools,
@@ -265,11 +275,10 @@ class Command(JobsCommand):
             raise CommandError(f"--metrics-port {port}: cannot listen on {addr!r}: {exc}") from None
 
     def _configure_logging(self, verbosity: int) -> None:
-        """Send django_jobs' log lines to stderr unless the project configured a handler."""
-        root = logging.getLogger("django_jobs")
-        root.setLevel(VERBOSITY_LEVELS.get(verbosity, logging.DEBUG))
-        if not root.handlers and not logging.getLogger().handlers:
-            root.addHandler(BurstHandler(sys.stderr))
+        """Set django_jobs' level from ``verbosity``; send its lines to stderr, where
+        Django's console handler writes, unless the project's LOGGING configured them."""
+        logging.getLogger(LOGGER).setLevel(VERBOSITY_LEVELS.get(verbosity, logging.DEBUG))
+        write_worker_log(sys.stderr)
 
 
 def default_concurrency(alias: str, limit: int | None, size: int | None, extra: int = 0) -> int:

@@ -48,6 +48,10 @@ class SQLite(Vendor):
         return None
 
     def limit(self, connection: BaseDatabaseWrapper) -> str | None:
+        if _in_memory(connection):
+            # Each connection has its own: no worker process can share it (a test
+            # database, whose runs drain() or RUN_ON_COMMIT runs in-process).
+            return None
         if sys.platform == "win32":
             return "is SQLite, which serves one worker process (threads are fine): start one only."
         return (
