@@ -25,6 +25,9 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_jobs",
     "tests.testapp",
+    # A third-party app's @task code, run as it is (tests/process/test_third_party_tasks.py).
+    "modelsearch",
+    "tests.searchapp",
 ]
 if django.VERSION < (6, 0):
     # The django.tasks backport, which django_jobs' tasks backend uses on Django 5.2.
@@ -60,6 +63,9 @@ else:
         _db.setdefault("OPTIONS", {})["application_name"] = os.environ[
             "DJANGO_JOBS_APPLICATION_NAME"
         ]
+if "postgresql" in _db["ENGINE"]:
+    # modelsearch's index on PostgreSQL uses its fields (a check error without it).
+    INSTALLED_APPS.append("django.contrib.postgres")
 DATABASES = {
     "default": _db,
     # Only for the system check that warns about SQLite; no test writes to it.

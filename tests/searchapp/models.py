@@ -1,0 +1,16 @@
+from __future__ import annotations
+
+from django.db import models
+from modelsearch import index
+
+
+class Article(index.Indexed, models.Model):  # type: ignore[misc]
+    """Saving one enqueues modelsearch's ``insert_or_update_object_task``."""
+
+    title = models.CharField(max_length=200)
+    body = models.TextField(blank=True)
+
+    search_fields = [index.SearchField("title"), index.SearchField("body")]
+
+    def __str__(self) -> str:
+        return self.title
