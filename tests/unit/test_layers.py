@@ -34,6 +34,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "logstream",
                 "tracing",
                 "tasks_compat",
+                "task_lookup",
                 "ratelimits",
                 "embedded",
                 "joboptions",

@@ -16,7 +16,7 @@ from django_jobs.models import FINISHED_STATUSES
 from django_jobs.payloads import terminal_safe
 from django_jobs.registry import all_handlers
 from django_jobs.snapshot import RunProgress, Snapshot, WorkerState, age, snapshot
-from django_jobs.tasks_backend import loaded_tasks
+from django_jobs.task_lookup import loaded_tasks
 
 # Pools named on a worker's line; the rest are counted ("… and 3 more").
 POOLS_SHOWN = 10
