@@ -41,7 +41,7 @@ DEFAULTS: dict[str, Any] = {
     "RETENTION": timedelta(days=30),
     # Options for job types one does not own, by job type or task path with
     # wildcards (``fnmatch``): {"wagtail.*": {"pool": "wagtail", ...}}; each
-    # entry is checked by ``overrides.problems`` (check E015).
+    # entry is checked by ``joboptions.problems`` (check E015).
     "JOB_OPTIONS": {},
 }
 

@@ -132,6 +132,10 @@ def resume_pool(name: str) -> bool:
         logger.info("pool=%s resumed", name)
         # Idle workers of the pool wake at once instead of at their next poll.
         notify_pools([name])
+        # The test mode runs the pool's due runs now.
+        from .api import made_due
+
+        made_due()
     return bool(changed)
 
 

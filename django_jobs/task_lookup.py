@@ -27,7 +27,9 @@ def loaded_tasks() -> list[str]:
         if module is None or not _in_installed_app(name):
             continue
         for value in list(vars(module).values()):
-            if isinstance(value, Task) and value.module_path.rpartition(".")[0] == name:
+            # type(), not isinstance(): isinstance() reads a lazy object's
+            # __class__, which builds it (a storage, a client), maybe failing.
+            if issubclass(type(value), Task) and value.module_path.rpartition(".")[0] == name:
                 paths.add(value.module_path)
     return sorted(paths)
 
@@ -54,10 +56,10 @@ def task_at(path: str, *, importing: bool) -> AnyTask | None:
             module = import_module(module_name)
         except ImportError:
             return None
-    task = vars(module).get(name)
-    if not isinstance(task, Task) or task.module_path != path:
+    task: Any = vars(module).get(name)
+    if not issubclass(type(task), Task) or task.module_path != path:
         return None
-    return task
+    return task  # type: ignore[no-any-return]
 
 
 def _in_installed_app(module: str) -> bool:

@@ -235,3 +235,14 @@ def test_a_key_from_settings_holds_under_real_workers(start_worker: Any) -> None
         ]
         == 1
     )
+
+
+def test_finding_tasks_builds_no_lazy_object() -> None:
+    from django.utils.functional import empty
+
+    from django_jobs.task_lookup import loaded_tasks, task_at
+    from tests.testapp import keys
+
+    assert "tests.testapp.tasks.add" in loaded_tasks()
+    assert task_at("tests.testapp.keys.lazily_failing", importing=False) is None
+    assert keys.lazily_failing._wrapped is empty  # never built

@@ -248,3 +248,50 @@ def test_a_test_written_for_the_immediate_backend_passes_on_test_mode() -> None:
         observed = immediate_backend_test()
     assert observed == expected
     assert ("enqueued", TaskResultStatus.READY) in observed
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_transaction_managed_by_hand_runs_at_once() -> None:
+    transaction.set_autocommit(False)
+    try:
+        run = start("tests.echo", {"n": 1})
+        assert run.status == Status.COMPLETED
+        transaction.commit()
+    finally:
+        transaction.set_autocommit(True)
+
+
+@pytest.mark.django_db
+def test_capturing_on_commit_callbacks_drains_once(
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    with transaction.atomic():
+        with django_capture_on_commit_callbacks(execute=True):
+            run = start("tests.record", {})
+        assert run.status == Status.COMPLETED
+    assert ran("tests.record") == 1
+    assert JobRun.objects.filter(status=Status.COMPLETED).count() == 1
+
+
+@pytest.mark.django_db
+def test_a_drain_of_one_pool_runs_what_its_handlers_start_elsewhere() -> None:
+    from django_jobs.testing import drain
+
+    with override_settings(DJANGO_JOBS={}):
+        parent = start("tests.parent", {"n": 1}, pool="parents")
+    # tests.echo's pool is "echo": drained after the parents' pool, in test mode.
+    drain("parents")
+    parent.refresh_from_db()
+    assert parent.status == Status.COMPLETED
+
+
+@pytest.mark.django_db
+def test_resuming_a_pool_runs_its_runs() -> None:
+    from django_jobs.pools import pause_pool, resume_pool
+
+    pause_pool("echo")
+    run = start("tests.echo", {})
+    assert run.status == Status.PENDING
+    resume_pool("echo")
+    run.refresh_from_db()
+    assert run.status == Status.COMPLETED

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.utils.functional import SimpleLazyObject
+
 
 def by_account(input: Any) -> str:
     """A ``@job``'s key: given its input."""
@@ -20,3 +22,12 @@ def shared(*args: Any, **kwargs: Any) -> str:
 
 
 not_callable = "a string"
+
+
+def _fail() -> Any:
+    raise RuntimeError("a lazy object was built")
+
+
+# A module global that fails when built (a storage without its credentials):
+# finding tasks must not build it.
+lazily_failing = SimpleLazyObject(_fail)

@@ -187,6 +187,8 @@ class Command(JobsCommand):
 def job_options() -> list[dict[str, Any]]:
     """The keys of ``JOB_OPTIONS``, their options, and the job types (``@job``s, and
     the tasks of the modules this process imported) each gives options to."""
+    if not conf.merged()["JOB_OPTIONS"]:
+        return []
     return joboptions.by_key([*all_handlers(), *loaded_tasks()])
 
 
