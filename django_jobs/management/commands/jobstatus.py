@@ -6,6 +6,7 @@ import json
 import time
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import CommandParser
 from django.db import DatabaseError, connections
 
@@ -16,7 +17,6 @@ from django_jobs.models import FINISHED_STATUSES
 from django_jobs.payloads import terminal_safe
 from django_jobs.registry import all_handlers
 from django_jobs.snapshot import RunProgress, Snapshot, WorkerState, age, snapshot
-from django_jobs.task_lookup import loaded_tasks
 
 # Pools named on a worker's line; the rest are counted ("… and 3 more").
 POOLS_SHOWN = 10
@@ -189,6 +189,10 @@ def job_options() -> list[dict[str, Any]]:
     the tasks of the modules this process imported) each gives options to."""
     if not conf.merged()["JOB_OPTIONS"]:
         return []
+    try:
+        from django_jobs.task_lookup import loaded_tasks
+    except ImproperlyConfigured:  # no tasks framework installed: no tasks
+        return joboptions.by_key(all_handlers())
     return joboptions.by_key([*all_handlers(), *loaded_tasks()])
 
 

@@ -30,7 +30,6 @@ from django_jobs.management.arguments import (
 from django_jobs.management.base import JobsCommand
 from django_jobs.management.startup import wait_for_database, warn_of_pools_without_handlers
 from django_jobs.registry import all_handlers
-from django_jobs.tasks_backend import load_option_targets
 from django_jobs.worker import DEFAULT_ASYNC_CONCURRENCY, JobWorker
 
 DEFAULT_START_TIMEOUT = 30.0
@@ -173,8 +172,13 @@ class Command(JobsCommand):
             self._serve_metrics(options["metrics_port"], options["metrics_addr"])
         pools = options["pools"] or ["default"]
         # The tasks JOB_OPTIONS gives a rate limit: found before the worker reads
-        # the limits it enforces.
-        load_option_targets()
+        # the limits it enforces (without a tasks framework installed, none).
+        try:
+            from django_jobs.tasks_backend import load_option_targets
+        except ImproperlyConfigured:
+            pass
+        else:
+            load_option_targets()
         warn_of_pools_without_handlers(pools)
         worker = JobWorker(
             pools,
