@@ -29,7 +29,6 @@ first, ``problems()``), never a name read from a row.
 from __future__ import annotations
 
 import fnmatch
-import threading
 from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
@@ -97,7 +96,7 @@ def options_for(job_type: str, *, arguments: bool = False) -> dict[str, Any]:
     key functions are called with the task's arguments rather than the input.
     Entries the check reports as invalid set nothing.
     """
-    cache = _cache(arguments)
+    cache = _caches[arguments]
     found = cache.get(job_type)
     if found is None:
         found = cache[job_type] = _options_for(job_type, arguments)
@@ -249,16 +248,10 @@ def _shown(value: Any) -> str:
 
 
 _caches: dict[bool, dict[str, dict[str, Any]]] = {False: {}, True: {}}
-_lock = threading.Lock()
-
-
-def _cache(arguments: bool) -> dict[str, dict[str, Any]]:
-    return _caches[arguments]
 
 
 @receiver(setting_changed)
 def _reset(*, setting: str, **kwargs: Any) -> None:
     if setting == "DJANGO_JOBS":
-        with _lock:
-            _caches[False] = {}
-            _caches[True] = {}
+        _caches[False] = {}
+        _caches[True] = {}

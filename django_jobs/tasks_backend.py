@@ -185,7 +185,9 @@ class JobsBackend(BaseTaskBackend):  # type: ignore[misc,unused-ignore]
         handler = handler_for(task)
         # JOB_OPTIONS' key function (given the task's arguments) is the handler's;
         # else the task's own.
-        keyed_by_settings = "concurrency_key" in joboptions.sources(handler.job_type)
+        keyed_by_settings = "concurrency_key" in joboptions.options_for(
+            handler.job_type, arguments=True
+        )
         return start_handler(
             handler,
             data,
