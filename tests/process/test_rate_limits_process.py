@@ -55,9 +55,12 @@ def test_three_workers_start_no_more_than_the_limit_in_any_second(
     # Every worker took part in the limit (it is shared, not counted per worker).
     attempts_of = JobRun.objects.filter(pk__in=ids).values_list("worker_ids", flat=True)
     assert len({workers_ids[0] for workers_ids in attempts_of}) == 3
-    # The pool's unlimited runs all ran before the limited backlog was a tenth done.
+    # The pool's unlimited runs all ran before the limited backlog was a quarter done:
+    # held behind it, they would end after all 600 starts. (A tenth was asked once:
+    # on a loaded CI machine the workers' start-ups stagger by seconds, and the
+    # first worker's claims may end after exactly 60 starts.)
     plain_done = max(run.finished_at for run in JobRun.objects.filter(pk__in=[r.pk for r in plain]))
-    assert sum(1 for start in starts if start < plain_done.timestamp()) < 60
+    assert sum(1 for start in starts if start < plain_done.timestamp()) < 150
     print(
         f"600 runs at 20/s over 3 workers: {took:.1f} s; first to last start "
         f"{starts[-1] - starts[0]:.1f} s"
