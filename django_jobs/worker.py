@@ -16,7 +16,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from types import FrameType
 from typing import Any, TypeVar
 
@@ -24,23 +23,22 @@ from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
 
-from . import conf, overdue, ratelimits, transitions, watchman
+from . import conf, ratelimits, transitions
 from .attempt import Attempt
 from .claimer import Claimer
 from .completer import Completer
 from .eventloop import DATABASE_THREADS, EventLoop
 from .execution import Outcome, execute, record_handed_off
-from .models import WorkerStatus
 from .registry import all_handlers
 from .retention import Pruner, describe_age
 from .scheduler import Scheduler
 from .storage import ratelimits as limited_runs
-from .storage import upkeep, vendors, workers
+from .storage import vendors, workers
 from .storage.claiming import Claim
 from .storage.connections import discard_broken_connections
 from .storage.control import ControlConnection
 from .storage.notify import Listener, notify_pools
-from .watchman import Watchman
+from .vitals import Vitals
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -51,7 +49,7 @@ EXIT_RELEASED = 1  # the drain ran out of time (or a second signal came): runs w
 DEFAULT_ASYNC_CONCURRENCY = 100
 
 
-class JobWorker:
+class JobWorker(Vitals):
     """One worker process's engine. ``run()`` blocks until it stops and returns an exit code."""
 
     def __init__(
@@ -87,7 +85,7 @@ class JobWorker:
         # Start a watchman process that keeps the heartbeat while a C call holds
         # the GIL (runjobworker does; a worker inside another program does not).
         self.watchman = watchman
-        self._watchman: Watchman | None = None
+        self._watchman = None
         settings = conf.get()
         if poll_interval is None:
             # Unset, the interval suits the database: longer where NOTIFY wakes idle workers.
@@ -127,7 +125,6 @@ class JobWorker:
         self.finished = 0
         # Created by run(): the connection the control threads share.
         self._control: ControlConnection | None = None
-        self._beat_aside = False  # a heartbeat had to be written apart (logged once)
 
     @property
     def control(self) -> ControlConnection | None:
@@ -260,39 +257,6 @@ class JobWorker:
             socket.gethostname(), os.getpid(), self.pools, self.concurrency, self.worker_id
         )
         self.worker_id = self._claimer.worker_id = worker.pk
-
-    def _start_watchman(self) -> None:
-        if not self.watchman:
-            return
-        if not watchman.supported():
-            logger.info("worker=%s runs without a watchman (Linux only)", self.worker_id)
-            return
-        if not os.environ.get("DJANGO_SETTINGS_MODULE"):
-            # Settings configured in code: a new process could not load them.
-            logger.info(
-                "worker=%s runs without a watchman (no DJANGO_SETTINGS_MODULE)", self.worker_id
-            )
-            return
-        try:
-            self._watchman = watchman.Watchman(
-                self.worker_id,  # type: ignore[arg-type]
-                conf.get().DATABASE,
-                self.heartbeat_interval,
-                self.stale_threshold,
-            )
-        except OSError as exc:
-            logger.warning("worker=%s watchman not started: %s", self.worker_id, exc)
-
-    def _pulse(self) -> None:
-        """Tell the watchman this thread runs, and how long the running runs may take."""
-        if self._watchman is None:
-            return
-        now = time.monotonic()
-        remaining = [
-            math.inf if attempt.deadline is None else attempt.deadline - now
-            for attempt in self._snapshot()
-        ]
-        self._watchman.pulse(max(remaining, default=math.inf))
 
     def start_scheduler(self) -> threading.Thread | None:
         """Start the scheduler thread, if asked: schedules may be added at run time, so
@@ -510,97 +474,6 @@ class JobWorker:
                     self.wake.set()
         connections.close_all()
 
-    # --- heartbeat, rescue and the watchdog ---------------------------------------
-
-    def _heartbeat_loop(self) -> None:
-        """Record liveness, and nothing else: on its own thread, so no slow sweep of
-        the watchdog's can delay it and get this worker taken for dead. It takes the
-        shared control connection for each beat; no operation holds that long."""
-        self._adopt()
-        while True:
-            status = WorkerStatus.STOPPING if self.stopping.is_set() else WorkerStatus.RUNNING
-            if self._beat(status) is False:
-                # The row was deleted (by hand, or by retention): recreate it, so
-                # claims by this worker satisfy the foreign key again.
-                logger.warning("worker=%s row missing; registering again", self.worker_id)
-                self._quietly(self._register)
-            # After the beat: a pulse tells the watchman the heartbeat was just
-            # written. A beat held up (by a control thread that a C call holding
-            # the GIL stopped mid-operation) holds up the pulse too, so the
-            # watchman's cover starts from the last heartbeat written.
-            self._pulse()
-            if self.hard_stop.wait(self.heartbeat_interval):
-                break
-        self._leave()
-
-    def _beat(self, status: str) -> bool | None:
-        """Write the heartbeat on the shared connection, or, when an operation has
-        held that for half a heartbeat interval (a slow signal receiver), on a
-        connection of its own for this beat."""
-        control = self._control
-        if control is None or control.enter(timeout=self.heartbeat_interval / 2):
-            self._beat_aside = False
-            try:
-                return self._logged(workers.heartbeat, self.worker_id, status)
-            finally:
-                if control is not None:
-                    control.__exit__(None, None, None)
-        if not self._beat_aside:
-            logger.warning(
-                "worker=%s the control connection was busy for %.1fs; the heartbeat is "
-                "written on a connection of its own while it stays busy (a slow signal "
-                "receiver?)",
-                self.worker_id,
-                self.heartbeat_interval / 2,
-            )
-        self._beat_aside = True
-        with control.aside():
-            return self._logged(workers.heartbeat, self.worker_id, status)
-
-    def _watchdog_loop(self) -> None:
-        """Every tick: enforce timeouts and cancel grace, wake sleepers, hold and
-        release runs (``storage.upkeep``); every heartbeat interval also: rescue
-        stale workers' runs, poll cancel requests, release stranded held runs."""
-        self._adopt()
-        next_sweep = 0.0
-        while True:
-            if time.monotonic() >= next_sweep:
-                next_sweep = time.monotonic() + self.heartbeat_interval
-                self._quietly(self._rescue)
-                self._quietly(self._poll_cancel_requests)
-                sweep = (self.pools, self.limits, all_handlers(tasks=True), self.tick)
-                if self._quietly(upkeep.every_sweep, *sweep):
-                    self._news()
-            self._quietly(self._enforce_deadlines)
-            if self._quietly(transitions.wake_sleepers):
-                self._news()
-            if self._quietly(upkeep.every_tick, self.pools, self.limits, self.tick):
-                self._news()
-            if self.hard_stop.wait(self.tick):
-                break
-        self._leave()
-
-    def _rescue(self) -> None:
-        requeued, failed = transitions.rescue_stale(self.pools, self.stale_threshold)
-        if requeued or failed:
-            logger.warning(
-                "worker=%s rescued runs of stale workers requeued=%d failed=%d",
-                self.worker_id,
-                requeued,
-                failed,
-            )
-            self._news()
-
-    def _snapshot(self) -> list[Attempt]:
-        with self._slots:
-            return list(self._in_flight)
-
-    def _poll_cancel_requests(self) -> None:
-        overdue.notice_cancel_requests(self._snapshot())
-
-    def _enforce_deadlines(self) -> None:
-        overdue.end_overdue(self._snapshot(), self.cancel_grace, self.hard_stop)
-
     # --- shutdown -----------------------------------------------------------------
 
     def _drain(self) -> int:
@@ -627,38 +500,6 @@ class JobWorker:
             ",".join(str(c.run_id) for c in leftover),
         )
         return EXIT_RELEASED
-
-    # --- helpers ------------------------------------------------------------------
-
-    def _shared(self) -> AbstractContextManager[object]:
-        """The control connection, held for one operation (see storage/control.py)."""
-        return self._control if self._control is not None else nullcontext()
-
-    def _adopt(self) -> None:
-        if self._control is not None:
-            self._control.adopt()
-
-    def _leave(self) -> None:
-        if self._control is not None:
-            self._control.leave()
-        else:
-            connections.close_all()
-
-    def _quietly(self, fn: Callable[..., T], *args: Any) -> T | None:
-        """Call ``fn(*args)`` on the control connection; log a database error
-        instead of raising (the loop goes on)."""
-        with self._shared():
-            return self._logged(fn, *args)
-
-    def _logged(self, fn: Callable[..., T], *args: Any) -> T | None:
-        """Call ``fn(*args)`` on this thread's connection as it is; log a database
-        error instead of raising."""
-        try:
-            return fn(*args)
-        except DatabaseError as exc:
-            logger.warning("worker=%s database error: %s", self.worker_id, exc)
-            discard_broken_connections()
-            return None
 
 
 def start_thread(target: Callable[[], object], name: str) -> threading.Thread:

@@ -78,6 +78,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
             {
                 "",  # the package itself: django_jobs/__init__.py
                 "worker",
+                "vitals",
                 "watchman",
                 "testing",
                 "tasks_backend",
