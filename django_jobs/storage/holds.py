@@ -218,7 +218,7 @@ def release_after_commit(
         TENANT: {
             group
             for pool, tenant in tenants
-            if (group := TENANT.group({"pool": pool, "tenant_id": tenant}))
+            if tenant is not None and (group := TENANT.group({"pool": pool, "tenant_id": tenant}))
         },
     }
     for scope, groups in wanted.items():

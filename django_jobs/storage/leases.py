@@ -93,7 +93,13 @@ def complete_many(items: list[tuple[Claim, Any]]) -> set[tuple[int, uuid.UUID]]:
         [(claim.run_id, claim.lease_token, output) for claim, output in items],
     )
     if written is not None:
-        done = [claim for claim, _ in items if (claim.run_id, claim.lease_token) in written]
+        done = [
+            claim
+            for claim, _ in items
+            # Only a run with a key or a tenant can free a slot someone waits for.
+            if (claim.concurrency_key is not None or claim.tenant_id is not None)
+            and (claim.run_id, claim.lease_token) in written
+        ]
         held.release_after_commit(
             (claim.concurrency_key for claim in done),
             ((claim.pool, claim.tenant_id) for claim in done),

@@ -66,3 +66,37 @@ def test_the_worker_plans_its_claim_afresh_when_runs_come_after_an_idle_spell(
     idle_plan = seen[first_busy][0]
     assert all(plan == idle_plan for plan, _ in seen[:first_busy])
     assert seen[first_busy + 1][0] == idle_plan + 1
+
+
+@pytest.mark.postgresql("prepared statements")
+def test_a_statement_past_psycopgs_cache_is_turned_once_and_prepared_alike() -> None:
+    """psycopg remembers the $n form of statements of 4,096 characters at most; the
+    vendor turns longer ones (a claim under caps or limits) itself, %% included."""
+    from django_jobs.storage.vendors import postgresql
+
+    padding = "/* " + "x" * 5000 + " */"
+    statement = f"SELECT %s::int, '50%%' || %s::text, 'a%%s' {padding}"
+    vendor = postgresql.PostgreSQL()
+    for n in range(3):
+        assert vendor.fetch(connection, statement, [n, "!"]) == [(n, "50%!", "a%s")]
+    assert postgresql._numbered(statement).startswith("SELECT $1::int, '50%' || $2::text, 'a%s'")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
+            ["SELECT $1::int, '50%%' || $2::text%"],
+        )
+        assert cursor.fetchone() == (1,)
+
+
+@pytest.mark.postgresql("prepared statements")
+def test_a_claim_under_tenant_caps_and_for_two_pools_goes_through_the_raw_cursor(
+    settings: Any,
+) -> None:
+    settings.DJANGO_JOBS = {**settings.DJANGO_JOBS, "TENANT_CONCURRENCY": 2}
+    start_many("tests.noop", [{} for _ in range(6)], tenant_id="t")
+    start_many("tests.noop", [{} for _ in range(2)], pool="other")
+    worker = WorkerFactory().pk
+    claims = claiming.claim_batch(worker, ["default", "other"], 8)
+    # Two of the tenant's (its cap) and the other pool's two.
+    assert sorted(c.pool for c in claims) == ["default", "default", "other", "other"]
+    assert getattr(connection, "_django_jobs_raw_cursor", None) is not None

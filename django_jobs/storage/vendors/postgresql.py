@@ -12,7 +12,9 @@ in transaction mode before 1.21 cannot route prepared statements).
 from __future__ import annotations
 
 import functools
+import itertools
 import json
+import re
 import uuid
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -57,8 +59,12 @@ class PostgreSQL(Vendor):
         if connection.connection is None:
             connection.ensure_connection()
         with connection.wrap_database_errors:
-            cursor = _cursor(connection)
-            cursor.execute(sql, params, prepare=True)
+            if isinstance(params, list) and len(sql) > _CONVERTED_ONCE:
+                cursor = _cursor(connection, raw=True)
+                cursor.execute(_numbered(sql), params, prepare=True)
+            else:
+                cursor = _cursor(connection)
+                cursor.execute(sql, params, prepare=True)
             rows: list[tuple[Any, ...]] = cursor.fetchall()
             return rows
 
@@ -140,7 +146,9 @@ class PostgreSQL(Vendor):
         # The ids again as an array: the rows are found by primary key whatever the
         # table's statistics say (a join on the JSON rows alone was planned as a
         # scan of the table when ANALYZE last saw it nearly empty).
-        ids = [run_id for run_id, _, _ in items]
+        # Written as the array's text: psycopg's dumper of a list of ints costs more
+        # per completion than the rest of the statement's parameters.
+        ids = "{" + ",".join(str(int(run_id)) for run_id, _, _ in items) + "}"
         return {
             (run_id, token)
             for run_id, token in self.fetch(connection, statement, [status, rows, ids])
@@ -508,19 +516,40 @@ def _psycopg3() -> bool:
     return bool(is_psycopg3)
 
 
-def _cursor(connection: BaseDatabaseWrapper) -> Any:
-    """This connection's server-side-binding cursor, made once per database session."""
-    raw = connection.connection
-    cursor = getattr(connection, "_django_jobs_cursor", None)
-    if cursor is None or cursor.connection is not raw or cursor.closed:
+def _cursor(connection: BaseDatabaseWrapper, *, raw: bool = False) -> Any:
+    """This connection's server-side-binding cursor, made once per database session;
+    ``raw``: the one that takes ``$1`` placeholders (see ``_numbered``)."""
+    session = connection.connection
+    attribute = "_django_jobs_raw_cursor" if raw else "_django_jobs_cursor"
+    cursor = getattr(connection, attribute, None)
+    if cursor is None or cursor.connection is not session or cursor.closed:
         import psycopg
         from psycopg.types.datetime import TimestamptzLoader
 
-        if raw.prepare_threshold is None:
-            raw.prepare_threshold = _ONLY_WHEN_ASKED
-        cursor = psycopg.Cursor(raw)
+        if session.prepare_threshold is None:
+            session.prepare_threshold = _ONLY_WHEN_ASKED
+        cursor = (psycopg.RawCursor if raw else psycopg.Cursor)(session)
         # psycopg's own loader (in C with psycopg-binary) rather than Django's
         # Python one; both give aware datetimes in the session's time zone (UTC).
         cursor.adapters.register_loader("timestamptz", TimestamptzLoader)
-        connection._django_jobs_cursor = cursor  # type: ignore[attr-defined]
+        setattr(connection, attribute, cursor)
     return cursor
+
+
+# psycopg turns a statement's %s placeholders into $1, $2... at every execution,
+# remembering the result only for statements of at most 4,096 characters
+# (psycopg._queries.MAX_CACHED_STATEMENT_LENGTH). Longer ones (the claim under
+# tenant caps or rate limits, or of several pools) are turned here, once, and
+# sent through a raw cursor, which sends its statement as it is.
+_CONVERTED_ONCE = 4096
+_PLACEHOLDER = re.compile(r"%%|%s")
+
+
+@functools.lru_cache(maxsize=256)
+def _numbered(sql: str) -> str:
+    """``sql`` with its ``%s`` placeholders written ``$1``, ``$2``... and ``%%`` as
+    ``%``: what psycopg would send for it."""
+    numbers = itertools.count(1)
+    return _PLACEHOLDER.sub(
+        lambda found: "%" if found.group() == "%%" else f"${next(numbers)}", sql
+    )
