@@ -171,19 +171,52 @@ def _pools() -> list[str]:
 def _priorities(pool: str, is_async: bool) -> list[int]:
     """The distinct priorities of the ready runs of ``pool`` of a kind, highest first:
     one probe of the claim index each (an index scan, for the reason in
-    ``_statements``: this runs twice a second)."""
-    ready = runs().filter(
-        pool=pool, is_async=is_async, status=Status.PENDING, hold=Hold.READY, pk__gt=0
-    )
+    ``_statements``: this runs twice a second, by a statement written once)."""
+    connection = connections[using()]
+    probe = _upkeep_statements(connection.alias)[0]
     found: list[int] = []
-    probe = ready
+    below = _HIGHEST
     while len(found) < _PRIORITIES:
-        priority = probe.order_by("-priority").values_list("priority", flat=True).first()
-        if priority is None:
+        rows = vendors.of(connection).fetch(connection, probe, [pool, is_async, below])
+        if not rows:
             break
+        priority = int(rows[0][0])
         found.append(priority)
-        probe = ready.filter(priority__lt=priority)
+        if priority <= _LOWEST:
+            break
+        below = priority - 1
     return found
+
+
+# The bounds of a priority (a SmallIntegerField): the first probe's bound, the last.
+_HIGHEST, _LOWEST = 2**15 - 1, -(2**15)
+
+
+@functools.cache
+def _upkeep_statements(alias: str) -> tuple[str, str]:
+    """The text of ``_priorities``' probe and of ``_give``'s read of due ``LATER`` runs
+    for ``alias``: written once, as ``_statements``, since the worker's pass runs
+    them every tick on the connection its claims use (the ORM took longer to
+    compile them than the server to run them)."""
+    connection = connections[alias]
+    quote = connection.ops.quote_name
+    table = quote(JobRun._meta.db_table)
+    pool, kind, priority, turn, run_at, pk = (
+        quote(c) for c in ("pool", "is_async", "priority", "turn", "run_at", "id")
+    )
+    now, now_params = runs().query.get_compiler(alias).compile(Now())
+    assert not now_params, now_params
+    ready = f"{quote('status')} = '{Status.PENDING}' AND {quote('hold')} = '{Hold.READY}'"
+    probe = (
+        f"SELECT {priority} FROM {table} WHERE {pool} = %s AND {kind} = %s AND {ready} "
+        f"AND {pk} > 0 AND {priority} <= %s ORDER BY {priority} DESC LIMIT 1"
+    )
+    due_later = (
+        f"SELECT {pk} FROM {table} WHERE {pool} = %s AND {kind} = %s AND {priority} = %s "
+        f"AND {ready} AND {turn} = {LATER} AND {run_at} <= {now} "
+        f"ORDER BY {run_at}, {pk} LIMIT %s"
+    )
+    return probe, due_later
 
 
 def _give(pool: str, is_async: bool, priority: int, limit: int) -> int:
@@ -191,20 +224,16 @@ def _give(pool: str, is_async: bool, priority: int, limit: int) -> int:
     ``priority``."""
     if limit <= 0:
         return 0
-    due = runs().filter(
-        pool=pool,
-        is_async=is_async,
-        priority=priority,
-        status=Status.PENDING,
-        hold=Hold.READY,
-        turn=LATER,
-        run_at__lte=Now(),
-    )
+    connection = connections[using()]
+    due_later = _upkeep_statements(connection.alias)[1]
+    found = vendors.of(connection).fetch(connection, due_later, [pool, is_async, priority, limit])
+    if not found:
+        return 0
+    ids = [row[0] for row in found]
     given = 0
     with transaction.atomic(using=using()):
         # Locked by primary key alone, checked under the lock (see claiming._locked);
         # a row a claim holds is passed over: it is being taken anyway.
-        ids = list(due.order_by("run_at", "id").values_list("id", flat=True)[:limit])
         rows = list(
             runs()
             .filter(pk__in=ids)

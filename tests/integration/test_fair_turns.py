@@ -87,6 +87,22 @@ def test_a_run_not_due_yet_waits_after_every_turn_then_takes_one() -> None:
     assert set(claim(2)) == {burst[10].pk, later.pk}
 
 
+def test_due_runs_of_every_priority_and_kind_are_given_turns() -> None:
+    """The worker's pass probes each priority of each kind, the lowest and highest a
+    priority can be included, and gives turns in the order the runs came due."""
+    priorities = [32767, 5, 0, -32768]
+    for priority in priorities:
+        start_many("tests.noop", [{}] * 2, priority=priority, delay=60)
+    start("tests.async_echo", delay=60)
+    assert JobRun.objects.exclude(turn=LATER).count() == 0
+    assert turns.give_turns(["default"]) == 0  # not due yet
+    JobRun.objects.update(run_at=timezone.now() - timedelta(seconds=1))
+    assert turns._priorities("default", False) == priorities
+    assert turns.give_turns(["default"]) == 9
+    assert JobRun.objects.filter(turn=LATER).count() == 0
+    assert turns.give_turns(["default"]) == 0
+
+
 def test_a_retry_after_a_backoff_waits_for_a_turn() -> None:
     start("tests.noop", tenant_id="a")
     (taken,) = claiming.claim_batch(WorkerFactory().pk, ["default"], 1)

@@ -233,3 +233,12 @@ def test_start_many_stores_more_input_than_one_statement_may_carry() -> None:
     assert len({run.pk for run in runs}) == 20
     stored = JobRun.objects.filter(pk__in=[run.pk for run in runs]).order_by("pk")
     assert [run.input["blob"][:2] for run in stored] == [f"{n:02}" for n in range(20)]
+
+
+@pytest.mark.parametrize("priority", [-32768, 32767])
+def test_start_many_takes_the_lowest_and_the_highest_priority(priority: int) -> None:
+    """PostgreSQL's one-statement insert binds on the client: "-32768::smallint" would
+    read as -(32768::smallint), out of range."""
+    runs = start_many("tests.noop", [{}] * 2, priority=priority)
+    stored = JobRun.objects.filter(pk__in=[run.pk for run in runs])
+    assert list(stored.values_list("priority", flat=True)) == [priority, priority]

@@ -195,7 +195,9 @@ class PostgreSQL(Vendor):
                 now_columns.append(field.attname)
                 values.append("STATEMENT_TIMESTAMP()")
             else:
-                values.append(f"%s::{field.cast_db_type(connection) or 'text'}")
+                # CAST(), not %s::type: the parameter is bound on the client, and
+                # "-32768::smallint" reads as -(32768::smallint), out of range.
+                values.append(f"CAST(%s AS {field.cast_db_type(connection) or 'text'})")
                 params.append(field.get_db_prep_save(value, connection))
         statement = (
             f"WITH inserted AS (INSERT INTO {quote(JobRun._meta.db_table)} ({', '.join(columns)}) "
