@@ -539,11 +539,12 @@ def _cursor(connection: BaseDatabaseWrapper, *, raw: bool = False) -> Any:
 
 
 # psycopg turns a statement's %s placeholders into $1, $2... at every execution,
-# remembering the result only for statements of at most 4,096 characters
-# (psycopg._queries.MAX_CACHED_STATEMENT_LENGTH). Longer ones (the claim under
-# tenant caps or rate limits, or of several pools) are turned here, once, and
-# sent through a raw cursor, which sends its statement as it is.
-_CONVERTED_ONCE = 4096
+# remembering the result only for statements of at most 4,096 bytes
+# (psycopg._queries.MAX_CACHED_STATEMENT_LENGTH). The claim is longer (4,221
+# characters for one pool, more under caps or limits, or for several pools):
+# a statement that may be (past 1,024 characters, at most 4 bytes each) is
+# turned here, once, and sent through a raw cursor, which sends it as it is.
+_CONVERTED_ONCE = 1024
 _PLACEHOLDER = re.compile(r"%%|%s")
 
 
