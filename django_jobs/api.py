@@ -16,26 +16,17 @@ from django.db import IntegrityError, connections, transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from . import conf, tracing, transitions
+from . import building, conf, transitions
 from .debounce import start_debounced
-from .exceptions import InvalidJobInput, RunNotFound, SyncOnlyCall
+from .exceptions import InvalidJobInput, SyncOnlyCall
 from .models import Hold, JobRun, Status
-from .names import concurrency_limit as check_concurrency_limit
-from .names import pool_problem
-from .payloads import control_problem, normalize, to_json
+from .payloads import control_problem, to_json
 from .registry import JobHandler, get_handler
 from .storage import holds as held
 from .storage import rateholds, turns, vendors
 from .storage.notify import notify_pools
 
-PRIORITY_MIN = -32768
-PRIORITY_MAX = 32767
-MAX_TAGS = 50  # each at most 100 characters: tags are for finding runs, not for data
 MAX_REASON = 1000  # characters of a cancel reason
-# The idempotency keys of the runs schedules start (``schedule:<name>:<instant>``)
-# are a namespace of their own: a caller that could create a tick's run first
-# would have the scheduler adopt it, and the schedule's own input never run.
-SCHEDULE_KEY_PREFIX = "schedule:"
 
 
 def start(
@@ -101,7 +92,7 @@ def start_handler(
         if options.get("run_at") is not None or options.get("delay") is not None:
             raise TypeError("start(debounce=...) sets when the run is due: no run_at or delay")
         options["delay"] = debounce
-    run = _build(handler, input, scheduled=scheduled, **options)
+    run = building.build(handler, input, scheduled=scheduled, **options)
     if trigger is not None:
         run.trigger_source, run.trigger_ref = trigger
     using = conf.get().DATABASE
@@ -163,17 +154,17 @@ def start_many(job_type: str, inputs: Iterable[Any], **options: Any) -> list[Job
     handler = get_handler(job_type)
     # The options are the same for every run: validate them once, on a template.
     given_key = options.pop("concurrency_key", None)
-    template = _template(handler, **options)
+    template = building.template(handler, **options)
     texts = [to_json({} if item is None else item, what="input") for item in inputs]
     data = [json.loads(text) for text in texts]
     if given_key is not None or not callable(handler.concurrency_key):
-        keys = [_key(handler, None, given_key)] * len(data)
+        keys = [building.concurrency_key_of(handler, None, given_key)] * len(data)
     else:
-        keys = [_key(handler, value, None) for value in data]
+        keys = [building.concurrency_key_of(handler, value, None) for value in data]
     if callable(handler.rate_limit_key) and handler.keyed_rate:
-        rate_keys = [_rate_key(handler, value) for value in data]
+        rate_keys = [building.rate_key_of(handler, value) for value in data]
     else:
-        rate_keys = [_rate_key(handler, None)] * len(data)
+        rate_keys = [building.rate_key_of(handler, None)] * len(data)
     if not data:
         return []
     using = conf.get().DATABASE
@@ -337,7 +328,7 @@ def start_child(
     if "scheduled" in options:
         raise TypeError("spawn_child() got an unexpected keyword argument 'scheduled'")
     handler = get_handler(job_type)
-    run = _build(handler, input, parent=parent, **options)
+    run = building.build(handler, input, parent=parent, **options)
     run.close_policy = close_policy
     run.trace_context = trace_context
     release = _hold_at_start([run], handler)
@@ -359,7 +350,7 @@ def cancel(
     canceling twice is harmless. With ``tenant_id``, a run of another tenant is
     refused with ``RunNotFound``.
     """
-    reason = _text("reason", reason, MAX_REASON) or "canceled"
+    reason = building.text("reason", reason, MAX_REASON) or "canceled"
     if (problem := control_problem(reason)) is not None:
         raise InvalidJobInput(f"reason {problem}")
     count = transitions.cancel(run_id, reason, cascade=cascade, tenant_id=tenant_id)
@@ -430,177 +421,6 @@ async def aretry(run_id: int, *, reset_steps: bool = False, tenant_id: str | Non
     return await sync_to_async(retry, thread_sensitive=True)(
         run_id, reset_steps=reset_steps, tenant_id=tenant_id
     )
-
-
-def _build(
-    handler: JobHandler,
-    input: Any,
-    *,
-    concurrency_key: str | None = None,
-    **options: Any,
-) -> JobRun:
-    """Validate one run's input and options and return the unsaved JobRun."""
-    run = _template(handler, **options)
-    run.input = normalize({} if input is None else input, what="input")
-    run.concurrency_key = _key(handler, run.input, concurrency_key)
-    run.rate_key = _rate_key(handler, run.input)
-    return run
-
-
-def _key(handler: JobHandler, data: Any, given: str | None) -> str | None:
-    """The run's concurrency key: the one given, else the handler's for this input."""
-    key = handler.concurrency_key_for(data) if given is None else given
-    return _text("concurrency_key", key, 255)
-
-
-def _rate_key(handler: JobHandler, data: Any) -> str | None:
-    """The key of the run's rate limit, from the handler's ``rate_limit_key``."""
-    return _text("rate_limit_key", handler.rate_key_for(data), 255)
-
-
-def _template(
-    handler: JobHandler,
-    *,
-    pool: str | None = None,
-    priority: int | None = None,
-    run_at: datetime | None = None,
-    delay: float | timedelta | None = None,
-    concurrency_limit: int | None = None,
-    idempotency_key: str | None = None,
-    tags: Sequence[str] = (),
-    tenant_id: str | None = None,
-    parent: JobRun | int | None = None,
-    scheduled: bool = False,
-) -> JobRun:
-    """Validate the options of a run and return it unsaved, without input or key yet."""
-    run = JobRun(
-        job_type=handler.job_type,
-        pool=_pool(handler.pool if pool is None else pool),
-        priority=_priority(handler.priority if priority is None else priority),
-        concurrency_limit=check_concurrency_limit(
-            handler.concurrency_limit if concurrency_limit is None else concurrency_limit
-        ),
-        max_attempts=handler.retry.attempts,
-        is_async=handler.is_async,
-        idempotency_key=_idempotency_key(idempotency_key, scheduled),
-        tags=_tags(tags),
-        tenant_id=_text("tenant_id", tenant_id, 100),
-        # Once per call: start_many's runs share their starter's context.
-        trace_context=tracing.capture(),
-    )
-    when = _when(run_at, delay)
-    if when is not None:
-        run.run_at = when
-    if parent is not None:
-        _attach(run, parent)
-    return run
-
-
-def _attach(run: JobRun, parent: JobRun | int) -> None:
-    """Make ``run`` a child of ``parent``, in the parent's tenant.
-
-    A child belongs to its parent's tenant: without a ``tenant_id`` it takes the
-    parent's, and a parent of another tenant reads as a missing one.
-    """
-    if not isinstance(parent, JobRun):
-        if isinstance(parent, bool) or not isinstance(parent, int):
-            raise RunNotFound(f"run ids are integers, got {parent!r}")
-        query = JobRun.objects.using(conf.get().DATABASE).only("id", "root_id", "tenant_id")
-        if run.tenant_id is not None:
-            # In the statement: another tenant's parent is not read, as a missing one.
-            query = query.filter(tenant_id=run.tenant_id)
-        found = query.filter(pk=parent).first()
-        if found is None:
-            raise RunNotFound(f"no run with id {parent}")
-        parent = found
-    if run.tenant_id is None:
-        run.tenant_id = parent.tenant_id
-    elif run.tenant_id != parent.tenant_id:
-        raise RunNotFound(f"no run with id {parent.pk}")
-    run.parent_id = parent.pk
-    run.root_id = parent.root_id or parent.pk
-    run.trigger_source = "child"
-    run.trigger_ref = str(parent.pk)
-
-
-def _when(run_at: datetime | None, delay: float | timedelta | None) -> datetime | None:
-    if run_at is not None and delay is not None:
-        raise InvalidJobInput("give run_at or delay, not both")
-    if run_at is not None:
-        if not isinstance(run_at, datetime):
-            raise InvalidJobInput(f"run_at must be a datetime, got {run_at!r}")
-        if timezone.is_naive(run_at):
-            raise InvalidJobInput(f"run_at must be an aware datetime, got naive {run_at!r}")
-        return run_at
-    if delay is not None:
-        try:
-            seconds = conf.to_seconds(delay)
-        except TypeError:
-            seconds = -1.0
-        if seconds < 0:
-            raise InvalidJobInput(
-                f"delay must be non-negative seconds or a timedelta, got {delay!r}"
-            )
-        if seconds == 0:
-            return None  # due now by the database's clock, like no delay at all
-        return timezone.now() + timedelta(seconds=seconds)
-    return None
-
-
-def _priority(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidJobInput(f"priority must be an integer, got {value!r}")
-    if not PRIORITY_MIN <= value <= PRIORITY_MAX:
-        raise InvalidJobInput(
-            f"priority must be between {PRIORITY_MIN} and {PRIORITY_MAX}, got {value}"
-        )
-    return value
-
-
-def _text(name: str, value: Any, max_length: int, *, required: bool = False) -> str | None:
-    if value is None and not required:
-        return None
-    if not isinstance(value, str) or (required and not value):
-        raise InvalidJobInput(f"{name} must be a non-empty string, got {value!r}")
-    if len(value) > max_length:
-        raise InvalidJobInput(f"{name} is longer than {max_length} characters")
-    if "\x00" in value:
-        raise InvalidJobInput(f"{name} contains a NUL character")
-    return value
-
-
-def _idempotency_key(value: Any, scheduled: bool) -> str | None:
-    key = _text("idempotency_key", value, 255)
-    if key is not None and key.startswith(SCHEDULE_KEY_PREFIX) and not scheduled:
-        raise InvalidJobInput(
-            f"idempotency keys starting with {SCHEDULE_KEY_PREFIX!r} are reserved for the "
-            "runs schedules start; choose another prefix"
-        )
-    return key
-
-
-def _pool(value: Any) -> str:
-    problem = pool_problem(value)
-    if problem is not None:
-        raise InvalidJobInput(f"pool {value!r} {problem}")
-    return str(value)
-
-
-def _required_text(name: str, value: Any, max_length: int) -> str:
-    text = _text(name, value, max_length, required=True)
-    assert text is not None
-    return text
-
-
-def _tags(tags: Sequence[str]) -> list[str]:
-    if isinstance(tags, str):
-        raise InvalidJobInput("tags must be a sequence of strings, not one string")
-    result = list(tags)
-    if len(result) > MAX_TAGS:
-        raise InvalidJobInput(f"a run has at most {MAX_TAGS} tags, got {len(result)}")
-    for tag in result:
-        _text("tag", tag, 100, required=True)
-    return result
 
 
 def _refuse_event_loop(name: str, *, instead: str | None = None) -> None:

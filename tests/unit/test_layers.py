@@ -49,6 +49,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
         frozenset(
             {
                 "api",
+                "building",
                 "events",
                 "results",
                 "debounce",
