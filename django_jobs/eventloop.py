@@ -26,7 +26,7 @@ from django.db import DatabaseError, connections
 from .attempt import Attempt
 from .completer import Completer
 from .execution import Outcome, execute_async
-from .storage.connections import discard_broken_connections
+from .storage.connections import discard_broken_connections, end_leaked_transactions
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +82,7 @@ class DatabaseThreads:
                     _settle(loop, future, exc, error=True)
                     if isinstance(exc, DatabaseError):
                         discard_broken_connections()
+                    end_leaked_transactions()
                 else:
                     _settle(loop, future, result)
         finally:

@@ -35,7 +35,7 @@ from .scheduler import Scheduler
 from .storage import ratelimits as limited_runs
 from .storage import vendors, workers
 from .storage.claiming import Claim
-from .storage.connections import discard_broken_connections
+from .storage.connections import discard_broken_connections, end_leaked_transactions
 from .storage.control import ControlConnection
 from .storage.notify import Listener, notify_pools
 from .vitals import Vitals
@@ -462,6 +462,10 @@ class JobWorker(Vitals):
             except Exception:
                 logger.exception("run=%s crashed the executor", attempt.run_id)
             finally:
+                if outcome is not Outcome.HANDED_OFF and outcome is not Outcome.COMPLETED:
+                    # No block is open between two runs: one still open was left
+                    # by a failure half-way, and would fail every later query here.
+                    end_leaked_transactions()
                 # A handed-off completion frees the slot now: the completer writes
                 # it (and wakes the claim loop) while this thread runs the next.
                 with self._slots:

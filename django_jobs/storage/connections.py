@@ -48,3 +48,35 @@ def discard_broken_connections() -> None:
                     logger.debug("closing a broken connection failed", exc_info=True)
                     connection.connection = None  # opened afresh at the next query
             connection.errors_occurred = False
+
+
+def end_leaked_transactions() -> None:
+    """Reset this thread's connections that are still inside an atomic block.
+
+    Called where no block can be open: a worker's slot between two runs, an
+    event loop's database thread between two calls. A connection that says
+    otherwise was left so by a failure half-way (seen once with connections
+    killed under async runs on MariaDB), and every later query on the thread
+    would fail with "Cannot open a new connection in an atomic block". Its
+    transaction state is cleared and it is closed (the server rolls back what
+    it held); the next query connects afresh.
+    """
+    for connection in connections.all(initialized_only=True):
+        if not connection.in_atomic_block:
+            continue
+        logger.warning(
+            "a connection to %r was left inside a transaction; closed (%d blocks open)",
+            connection.alias,
+            len(connection.atomic_blocks),
+        )
+        connection.in_atomic_block = False
+        connection.savepoint_ids = []
+        connection.atomic_blocks = []
+        connection.needs_rollback = False
+        connection.closed_in_transaction = False
+        try:
+            connection.close()
+        except Exception:
+            logger.debug("closing a connection left in a transaction failed", exc_info=True)
+            connection.connection = None
+        connection.errors_occurred = False
