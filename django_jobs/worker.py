@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from types import FrameType
-from typing import Any, TypeVar
+from typing import Any
 
 from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -41,7 +41,6 @@ from .storage.notify import Listener, notify_pools
 from .vitals import Vitals
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
 
 EXIT_OK = 0
 EXIT_RELEASED = 1  # the drain ran out of time (or a second signal came): runs were released
