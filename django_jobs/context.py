@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import json
 import logging
 import time
@@ -12,11 +10,11 @@ from datetime import datetime, timedelta
 from functools import cached_property
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.db import DatabaseError, connections, transaction
 from django.utils import timezone
 
 from . import api, conf, tracing, transitions
+from .acontext import AsyncForms
 from .attempt import Attempt
 from .errors import error_record
 from .exceptions import (
@@ -29,13 +27,14 @@ from .handling import (
     NO_DEFAULT,
     PROGRESS_INTERVAL,
     RunLogger,
-    blocking,
     event_outcome,
     progress_record,
     run_ids,
     until_of,
     wake_at,
 )
+from .handling import LeaseLost as LeaseLost
+from .handling import Suspended as Suspended
 from .models import FINISHED_STATUSES, ClosePolicy, JobRun
 from .names import event_name
 from .payloads import to_json
@@ -46,18 +45,7 @@ from .storage.claiming import Claim
 logger = logging.getLogger("django_jobs.job")
 
 
-class Suspended(BaseException):
-    """Unwinds a handler whose run now waits (children, sleep); the wait is recorded.
-
-    A BaseException, so a handler's ``except Exception`` does not swallow it.
-    """
-
-
-class LeaseLost(BaseException):
-    """Unwinds a handler whose run was taken from this worker: nothing more is written."""
-
-
-class JobContext:
+class JobContext(AsyncForms):
     """The handler's view of one attempt of one run, passed as its only argument.
 
     ``ctx.input`` is the run's input and ``ctx.attempt`` the attempt's number
@@ -451,137 +439,6 @@ class JobContext:
             return output
         self._after_suspend(outcome)
         raise Suspended(f"run {self.run_id} waits for the event {name!r}")
-
-    # --- async forms, for async def handlers ---------------------------------------
-    #
-    # The same records and rules as the sync names: what touches the database
-    # runs through the attempt's ``run_sync`` (on a worker, one of its database
-    # threads; under ``drain()``, the caller's thread), the handler's own code on
-    # the event loop.
-
-    async def astep(self, step_id: str, fn: Callable[[], Any], *, atomic: bool = False) -> Any:
-        """``step`` for an ``async def`` handler: ``fn`` is an async function, or a
-        function (its result awaited when it returns an awaitable).
-
-        A plain function runs where Django runs sync code for async code
-        (``sync_to_async``), so it may use the ORM. ``atomic=True`` runs ``fn`` and
-        records its output in one transaction on one of the worker's database
-        threads, which it holds until ``fn`` returns; an async ``fn``'s ORM calls
-        join that transaction.
-        """
-        key, seq = self._next(step_id)
-        run_sync = self._attempt.run_sync
-        if self._steps is None and self._claim.has_steps is not False:
-            await run_sync(self._load_steps)
-        recorded = self._recorded(key)
-        if recorded is not None:
-            return recorded["output"]
-        self.check_cancel()
-        if atomic:
-            output = await run_sync(self._run_step, key, seq, blocking(fn), True)
-        else:
-            output = await self._arun_step(key, seq, fn)
-        await self.aflush_progress()
-        if step_completed.receivers:
-            await run_sync(self._step_completed, key, output)
-        self.check_cancel()
-        return output
-
-    async def aspawn_child(
-        self,
-        job_type: str,
-        input: Any = None,
-        *,
-        close_policy: str = ClosePolicy.TERMINATE,
-        run_at: datetime | None = None,
-        priority: int | None = None,
-        tags: Sequence[str] = (),
-        pool: str | None = None,
-        concurrency_key: str | None = None,
-        concurrency_limit: int | None = None,
-    ) -> JobRun:
-        """``spawn_child`` for an ``async def`` handler: started once, in a step."""
-        create = self._child_maker(
-            job_type,
-            input,
-            close_policy=close_policy,
-            run_at=run_at,
-            priority=priority,
-            tags=tags,
-            pool=pool,
-            concurrency_key=concurrency_key,
-            concurrency_limit=concurrency_limit,
-        )
-        recorded = await self.astep(f"spawn:{job_type}", create, atomic=True)
-        child: JobRun = await self._attempt.run_sync(self._child, recorded["run_id"])
-        return child
-
-    async def await_for(self, runs: Iterable[JobRun | int]) -> list[Any]:
-        """``wait_for`` for an ``async def`` handler: the children's outputs once all
-        have ended; until then the run waits without a slot (the task ends here)."""
-        ids = run_ids(runs)
-        run_sync = self._attempt.run_sync
-        rows = await run_sync(self._child_rows, ids)
-        if self._unfinished(rows):
-            await run_sync(self._record_wait, transitions.suspend_for, ids)
-            raise Suspended(f"run {self.run_id} waits for {len(ids)} runs")
-        return self._outputs(ids, rows)
-
-    async def asleep(self, step_id: str, duration: float | timedelta) -> None:
-        """``sleep`` for an ``async def`` handler: a durable sleep, not ``asyncio.sleep``;
-        the run gives up its slot and is run again (steps replayed) when it is over."""
-        seconds = conf.to_seconds(duration)
-
-        async def wake() -> dict[str, datetime]:
-            return wake_at(seconds)
-
-        until = until_of(await self.astep(f"sleep:{step_id}", wake))
-        if until <= timezone.now():
-            return
-        await self._attempt.run_sync(self._record_wait, transitions.suspend_until, until)
-        raise Suspended(f"run {self.run_id} sleeps until {until.isoformat()}")
-
-    async def await_event(
-        self, name: str, *, timeout: float | timedelta | None = None, default: Any = NO_DEFAULT
-    ) -> Any:
-        """``wait_for_event`` for an ``async def`` handler: the same records and rules;
-        while it waits, the run gives up its slot (the task ends here)."""
-        key, seq, seconds = self._event_wait(name, timeout)
-        until = None
-        if seconds is not None:
-
-            async def wake() -> dict[str, datetime]:
-                return wake_at(seconds)
-
-            until = until_of(await self.astep(f"event-deadline:{name}", wake))
-        run_sync = self._attempt.run_sync
-        if self._steps is None and self._claim.has_steps is not False:
-            await run_sync(self._load_steps)
-        recorded = self._recorded(key)
-        if recorded:
-            return event_outcome(name, recorded["output"], default)
-        output = await run_sync(self._take_event, name, key, seq, until)
-        return event_outcome(name, output, default)
-
-    async def _arun_step(self, key: str, seq: int, fn: Callable[[], Any]) -> Any:
-        run_sync = self._attempt.run_sync
-        started = timezone.now()
-        try:
-            if inspect.iscoroutinefunction(fn):
-                value = await fn()
-            else:
-                value = await sync_to_async(fn, thread_sensitive=True)()
-            if inspect.isawaitable(value):
-                value = await value
-            output, text = self._validated(key, value)
-        except (Suspended, LeaseLost, asyncio.CancelledError):
-            raise
-        except BaseException as exc:
-            await run_sync(self._record_failure, key, seq, exc, started)
-            raise
-        await run_sync(self._record, key, seq, output_json=text, started_at=started)
-        self._remember(key, output)
-        return output
 
     def _remember(self, key: str, output: Any) -> None:
         """Keep a step's recorded output for the rest of this execution."""

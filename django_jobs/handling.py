@@ -24,6 +24,18 @@ from .exceptions import (
 from .models import JobRun, Status
 from .payloads import printable
 
+
+class Suspended(BaseException):
+    """Unwinds a handler whose run now waits (children, sleep); the wait is recorded.
+
+    A BaseException, so a handler's ``except Exception`` does not swallow it.
+    """
+
+
+class LeaseLost(BaseException):
+    """Unwinds a handler whose run was taken from this worker: nothing more is written."""
+
+
 # ``wait_for_event`` without a ``default``: its timeout raises ``EventTimeout``.
 NO_DEFAULT: Any = object()
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 import warnings
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from django.core import checks
@@ -19,15 +19,45 @@ from django.db import models
 from django.db.models.functions import Coalesce, Now
 from django.utils.translation import gettext_lazy as _
 
+from .states import (
+    FINISHED_STATUSES,
+    LATER,
+    NO_DEADLINE,
+    RETRYABLE_STATUSES,
+    UNFINISHED_STATUSES,
+    UNSUCCESSFUL_STATUSES,
+    ClosePolicy,
+    Hold,
+    RateLimitScope,
+    ScheduleSource,
+    Status,
+    WorkerStatus,
+)
 
-class Status(models.TextChoices):
-    PENDING = "pending", _("Pending")
-    RUNNING = "running", _("Running")
-    WAITING = "waiting", _("Waiting")
-    COMPLETED = "completed", _("Completed")
-    FAILED = "failed", _("Failed")
-    TIMED_OUT = "timed_out", _("Timed out")
-    CANCELED = "canceled", _("Canceled")
+# The tables, and the states and choices they use (defined in states.py).
+__all__ = [
+    "FINISHED_STATUSES",
+    "LATER",
+    "NO_DEADLINE",
+    "RETRYABLE_STATUSES",
+    "UNFINISHED_STATUSES",
+    "UNSUCCESSFUL_STATUSES",
+    "ClosePolicy",
+    "Hold",
+    "JobEvent",
+    "JobPool",
+    "JobRateLimit",
+    "JobRun",
+    "JobRunQuerySet",
+    "JobSchedule",
+    "JobStep",
+    "RateLimitScope",
+    "ScheduleSource",
+    "Status",
+    "Worker",
+    "WorkerStatus",
+    "protect_running_runs",
+]
 
 
 def protect_running_runs(collector: Any, field: Any, sub_objs: Any, using: str) -> None:
@@ -50,22 +80,6 @@ def protect_running_runs(collector: Any, field: Any, sub_objs: Any, using: str) 
     models.SET_NULL(collector, field, sub_objs, using)
 
 
-# Every set of statuses, defined here only, in display order (columns follow it).
-# A run is unfinished until it ends in one of the finished statuses, for good.
-UNFINISHED_STATUSES = (Status.PENDING, Status.RUNNING, Status.WAITING)
-FINISHED_STATUSES = (Status.COMPLETED, Status.FAILED, Status.TIMED_OUT, Status.CANCELED)
-# Finishing in one of these applies the close policies of the run's children.
-UNSUCCESSFUL_STATUSES = (Status.FAILED, Status.TIMED_OUT, Status.CANCELED)
-# What ``retry()`` accepts: the unsuccessful ones.
-RETRYABLE_STATUSES = UNSUCCESSFUL_STATUSES
-
-# The turn of a pending run that is not due yet (``JobRun.turn``): after every
-# other turn, so that claims for due runs find it last, if at all.
-LATER = 1 << 62
-# The run_at of a run waiting for an event without a deadline: never due.
-NO_DEADLINE = datetime(9999, 12, 30, tzinfo=UTC)
-
-
 def __getattr__(name: str) -> Any:
     # The earlier name of FINISHED_STATUSES, kept working (with a warning) for
     # code written against it.
@@ -77,32 +91,6 @@ def __getattr__(name: str) -> Any:
         )
         return frozenset(FINISHED_STATUSES)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-class ClosePolicy(models.TextChoices):
-    TERMINATE = "terminate", _("Terminate")
-    ABANDON = "abandon", _("Abandon")
-    REQUEST_CANCEL = "request_cancel", _("Request cancel")
-
-
-class Hold(models.TextChoices):
-    """Why a pending run is out of the claim's way (``JobRun.hold``): ready, or held.
-
-    A held run is not in the claim's index: a claim reads ready runs only. It is
-    made ready again by what frees it (``storage.holds``).
-    """
-
-    READY = "", _("Ready")
-    KEY = "key", _("Its concurrency key is taken")
-    TENANT = "tenant", _("Its tenant runs as many runs as its cap allows")
-    RATE = "rate", _("Its rate limit's window is full")
-
-
-class WorkerStatus(models.TextChoices):
-    RUNNING = "running", _("Running")
-    STOPPING = "stopping", _("Stopping")
-    STOPPED = "stopped", _("Stopped")
-    LOST = "lost", _("Lost")
 
 
 class JobRunQuerySet(models.QuerySet["JobRun"]):
@@ -467,12 +455,6 @@ class JobRun(models.Model):
 _REBUILT = frozenset({"models.W036", "models.W037", "models.W043", "models.W044"})
 
 
-class RateLimitScope(models.TextChoices):
-    POOL = "pool", _("Pool")
-    JOB = "job", _("Job type")
-    KEY = "key", _("Key")
-
-
 class JobRateLimit(models.Model):
     """The starts of one rate limit within its latest window, shared by every worker.
 
@@ -563,11 +545,6 @@ class JobEvent(models.Model):
 
     def __str__(self) -> str:
         return f"event {self.name!r} to run {self.run_id}"
-
-
-class ScheduleSource(models.TextChoices):
-    CODE = "code", _("code")  # @job(schedule=...) or DJANGO_JOBS["SCHEDULES"]
-    RUNTIME = "runtime", _("run time")  # add_schedule() or the admin
 
 
 class JobSchedule(models.Model):

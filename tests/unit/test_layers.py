@@ -38,6 +38,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "ratelimits",
                 "embedded",
                 "joboptions",
+                "states",
             }
         ),
     ),
@@ -57,6 +58,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "inline",
                 "attempt",
                 "context",
+                "acontext",
                 "execution",
                 "completer",
                 "claimer",

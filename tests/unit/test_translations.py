@@ -20,7 +20,14 @@ from django.utils.translation.template import templatize
 import django_jobs
 
 PACKAGE = Path(django_jobs.__file__).parent
-SOURCES = sorted([*(PACKAGE / "admin").glob("*.py"), PACKAGE / "models.py", PACKAGE / "apps.py"])
+SOURCES = sorted(
+    [
+        *(PACKAGE / "admin").glob("*.py"),
+        PACKAGE / "models.py",
+        PACKAGE / "states.py",
+        PACKAGE / "apps.py",
+    ]
+)
 TEMPLATES = sorted((PACKAGE / "templates").rglob("*.html"))
 LOCALES = sorted(path.parent for path in PACKAGE.glob("locale/*/LC_MESSAGES/django.po"))
 
