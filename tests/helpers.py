@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -16,7 +17,7 @@ from django.contrib.auth.models import Permission, User
 from django.db import DatabaseError, connection, connections
 from django.test import Client
 
-from django_jobs.models import JobRun
+from django_jobs.models import JobRun, Worker, WorkerStatus
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -101,6 +102,27 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 30, interval: flo
         if time.monotonic() > deadline:
             pytest.fail(f"condition not met within {timeout}s")
         time.sleep(interval)
+
+
+def all_running(
+    start_worker: Callable[..., WorkerProcess], count: int, *args: str
+) -> list[WorkerProcess]:
+    """Start ``count`` workers (not ``--burst``) and return once every one is running:
+    a test that asks that each of them took part starts its runs after this (on a
+    loaded machine, start-ups stagger by seconds, and the first drains alone)."""
+    workers = [start_worker(*args) for _ in range(count)]
+    wait_until(
+        lambda: Worker.objects.filter(status=WorkerStatus.RUNNING).count() == count, timeout=120
+    )
+    return workers
+
+
+def stop_all(workers: list[WorkerProcess]) -> None:
+    """SIGTERM every worker and check that each drained and exited 0."""
+    for worker in workers:
+        worker.signal(signal.SIGTERM)
+    for worker in workers:
+        assert worker.wait(timeout=60) == 0, worker.output()
 
 
 def lock_waiters() -> int:

@@ -53,8 +53,20 @@ def test_another_tenants_runs_wait_a_claim_or_two_while_a_burst_drains(
         between = JobRun.objects.filter(
             Q(tenant_id="big"), started_at__gt=seen[run.pk], started_at__lt=run.started_at
         )
-        claims = sorted(set(between.values_list("started_at", flat=True)))
-        assert len(claims) <= 2, (run.pk, run.created_at, seen[run.pk], run.started_at, claims)
+        claims: dict[str, set[object]] = {}
+        for worker_ids, started_at in between.values_list("worker_ids", "started_at"):
+            claims.setdefault(worker_ids[0], set()).add(started_at)
+        # At most two per worker: on MariaDB a claim sets started_at in its UPDATE,
+        # after the SELECT that chose its rows, so one claim per worker may have
+        # chosen before the run was seen; and the run may share its turn with the
+        # burst's head, taken by one claim first. An unfair order makes it hundreds.
+        assert all(len(of_worker) <= 2 for of_worker in claims.values()), (
+            run.pk,
+            run.created_at,
+            seen[run.pk],
+            run.started_at,
+            claims,
+        )
         pending_big = max(
             pending_big,
             JobRun.objects.filter(tenant_id="big", started_at__gt=run.created_at).count(),

@@ -13,7 +13,7 @@ from django.db.models import Count
 
 from django_jobs import start, start_many
 from django_jobs.models import JobRun, Status, Worker, WorkerStatus
-from tests.helpers import ROOT, WorkerProcess, wait_until, worker_env
+from tests.helpers import ROOT, WorkerProcess, all_running, stop_all, wait_until, worker_env
 from tests.testapp.models import Execution
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.process]
@@ -26,10 +26,14 @@ def status_of(run: JobRun) -> str:
 
 
 def test_three_workers_complete_every_run_exactly_once(start_worker: StartWorker) -> None:
+    workers = all_running(start_worker, 3, "--pool", "default", "--concurrency", "2")
     runs = start_many("tests.record", [{"n": n} for n in range(6000)])
-    workers = [start_worker("--pool", "default", "--concurrency", "2", "--burst") for _ in range(3)]
-    for worker in workers:
-        assert worker.wait(timeout=240) == 0, worker.output()
+    wait_until(
+        lambda: JobRun.objects.exclude(status=Status.COMPLETED).count() == 0,
+        timeout=240,
+        interval=0.5,
+    )
+    stop_all(workers)
     assert JobRun.objects.filter(status=Status.COMPLETED).count() == len(runs)
     executions = Execution.objects.values("run_id").annotate(n=Count("id"))
     assert executions.count() == len(runs)
