@@ -189,7 +189,9 @@ def test_a_drain_out_of_time_gives_async_runs_back(start_worker: StartWorker) ->
 
 def test_hundreds_of_async_runs_share_a_few_connections(start_worker: StartWorker) -> None:
     name = f"djjobs-{uuid.uuid4().hex[:12]}"
-    runs = start_many("tests.async_three_steps", [{"sleep_in_c": 5}] * 300)
+    # Each run's step c waits until all 300 are in it (or 60 s): none ends before
+    # the last begins unless they could not run at once.
+    runs = start_many("tests.async_three_steps", [{"together_in_c": 300}] * 300)
     before = session_ids() if connections["default"].vendor == "mysql" else set()
     worker = start_worker(
         "--pool",

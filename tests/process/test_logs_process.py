@@ -165,6 +165,9 @@ def assert_lines(found: list[Record], said: dict[int, Said], *, quiet: bool) -> 
         assert record.more.count(TRACEBACK) == (match["outcome"] != "timed_out"), record
     assert outcomes == expected
     # The worker's own lines, once each: the scheduler's start, the worker's start and stop.
+    # A loaded machine may add the two warnings of a late heartbeat; nothing else.
+    late_heartbeat = ("the control connection was busy for", "heartbeat thread silent for")
+    others = [line for line in others if not any(text in line for text in late_heartbeat)]
     assert len(others) == (0 if quiet else 3), others
     text = "\n".join(line for record in found for line in [record.line, *record.more])
     raised = [

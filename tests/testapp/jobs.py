@@ -367,6 +367,10 @@ async def async_echo(ctx: JobContext) -> Any:
     return ctx.input
 
 
+# How many tests.async_three_steps runs are in their step c in this process.
+in_step_c = {"now": 0}
+
+
 @job("tests.async_three_steps", retry=RetryPolicy(attempts=3, base_delay=0))
 async def async_three_steps(ctx: JobContext) -> dict[str, Any]:
     """``three_steps`` in async code: an async step, a sync one (the ORM), an awaited one."""
@@ -375,7 +379,17 @@ async def async_three_steps(ctx: JobContext) -> dict[str, Any]:
 
     async def third() -> int:
         await aeffect(ctx, "c-started")
-        await asyncio.sleep(ctx.input.get("sleep_in_c", 0))
+        in_step_c["now"] += 1
+        try:
+            await asyncio.sleep(ctx.input.get("sleep_in_c", 0))
+            # Wait (up to 60 s) until this many runs are in step c in this process.
+            deadline = time.monotonic() + 60
+            while in_step_c["now"] < ctx.input.get("together_in_c", 0):
+                if time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            in_step_c["now"] -= 1
         if ctx.attempt < ctx.input.get("fail_c_until", 0):
             raise RuntimeError("step c failed")
         return await aeffect(ctx, "c")
