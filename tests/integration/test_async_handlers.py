@@ -78,10 +78,10 @@ class TestUnderDrain:
         assert (effects(run, "before"), effects(run, "after")) == (1, 0)
 
     def test_a_short_sleep_resumes_with_steps_replayed(self) -> None:
-        run = start("tests.async_sleeper", {"seconds": 0.3})
+        run = start("tests.async_sleeper", {"seconds": 1.5})
         drain()
         assert refreshed(run).status == Status.WAITING
-        time.sleep(0.35)
+        time.sleep(1.6)
         assert drain() == 1
         assert (refreshed(run).status, run.attempts) == (Status.COMPLETED, 1)
         assert (effects(run, "before"), effects(run, "after")) == (1, 1)

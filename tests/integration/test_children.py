@@ -60,7 +60,7 @@ def test_wait_for_refuses_runs_that_are_not_children() -> None:
 
 
 def test_durable_sleep_frees_the_run_and_resumes_after() -> None:
-    run = start("tests.sleeper", {"seconds": 0.3})
+    run = start("tests.sleeper", {"seconds": 1.5})
     drain()
     run.refresh_from_db()
     assert run.status == Status.WAITING
@@ -68,7 +68,7 @@ def test_durable_sleep_frees_the_run_and_resumes_after() -> None:
     assert run.claimed_by_id is None
     assert transitions.wake_sleepers() == 0  # not yet
     assert drain() == 0
-    time.sleep(0.35)
+    time.sleep(1.6)
     assert drain() == 1  # woken by drain() itself
     run.refresh_from_db()
     assert (run.status, run.output, run.attempts) == (Status.COMPLETED, "rested", 1)

@@ -85,7 +85,7 @@ def on_sqlite() -> Iterator[None]:
 
         @job("sqlite.sleeper")
         def sleeper(ctx: JobContext) -> Any:
-            ctx.sleep("nap", timedelta(seconds=0.3))
+            ctx.sleep("nap", timedelta(seconds=1.5))
             return "woke"
 
         try:
@@ -134,7 +134,7 @@ def test_a_durable_sleep_waits_and_resumes_once_it_is_over() -> None:
     drain()
     assert run_of(run).status == Status.WAITING
     assert run_of(run).attempts == 0  # waiting gives the attempt back
-    time.sleep(0.4)
+    time.sleep(1.6)
     drain()  # wakes the sleeper, whose sleep is over, and runs it
     assert (run_of(run).status, run_of(run).output) == (Status.COMPLETED, "woke")
 

@@ -153,6 +153,9 @@ def test_a_rerun_of_a_fenced_off_run_on_the_same_worker_is_released_at_shutdown(
         assert cancel(run.pk) == 1
         # The handler ignores the request: after CANCEL_GRACE it is fenced, still sleeping.
         wait_until(lambda: status_of(run) == Status.CANCELED, timeout=10)
+        # The second execution outlasts the first by seconds, not by the grace and
+        # the claim alone: on a loaded machine the checks below take time.
+        JobRun.objects.filter(pk=run.pk).update(input={"seconds": 8})
         retry(run.pk)
         # The same worker claims the run again while the first handler still sleeps.
         wait_until(lambda: count(run, "began") == 2, timeout=10)
@@ -161,7 +164,7 @@ def test_a_rerun_of_a_fenced_off_run_on_the_same_worker_is_released_at_shutdown(
         worker.request_stop()
         wait_until(lambda: Worker.objects.get(pk=worker.worker_id).stopped_at is not None)
         state = status_of(run)
-    wait_until(lambda: count(run, "ended") == 2, timeout=10)  # let the handler finish
+    wait_until(lambda: count(run, "ended") == 2, timeout=20)  # let the handler finish
     # A stopping worker lets in-flight runs finish up to the shutdown timeout, then
     # release them to pending. The worker exited at once and left it running.
     assert state == Status.PENDING

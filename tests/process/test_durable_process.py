@@ -29,11 +29,14 @@ def effects(run: JobRun, name: str) -> int:
 def test_killed_in_its_third_step_resumes_elsewhere_without_redoing_steps(
     start_worker: StartWorker,
 ) -> None:
-    run = start("tests.three_steps", {"sleep_in_c": 2})
+    run = start("tests.three_steps", {"sleep_in_c": 30})
     victim = start_worker("--pool", "default")
     wait_until(lambda: effects(run, "c-started") == 1)
     victim.signal(signal.SIGKILL)
     victim.wait(timeout=10)
+    # c's sleep is long enough for the kill to land on a loaded machine, and short
+    # the next time.
+    JobRun.objects.filter(pk=run.pk).update(input={"sleep_in_c": 0})
     start_worker("--pool", "default")
     wait_until(lambda: status_of(run) == Status.COMPLETED, timeout=40)
     run.refresh_from_db()

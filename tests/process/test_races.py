@@ -72,10 +72,11 @@ def test_a_run_whose_handler_holds_the_gil_past_the_stale_threshold_is_not_rescu
 
 def test_a_stopped_workers_run_is_still_rescued(start_worker: StartWorker) -> None:
     # SIGSTOP: alive, but executing nothing (hung): its watchman keeps no heartbeat.
-    run = start("tests.sleep", {"seconds": 1})
+    run = start("tests.sleep", {"seconds": 30})
     frozen = start_worker("--pool", "default")
     wait_until(lambda: JobRun.objects.get(pk=run.pk).status == Status.RUNNING, timeout=30)
     frozen.signal(signal.SIGSTOP)
+    JobRun.objects.filter(pk=run.pk).update(input={"seconds": 1})  # short the next time
     try:
         rescuer = start_worker("--pool", "default")
         wait_until(lambda: JobRun.objects.get(pk=run.pk).status == Status.COMPLETED, timeout=60)

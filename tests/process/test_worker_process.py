@@ -75,11 +75,12 @@ def test_second_signal_exits_at_once(start_worker: StartWorker) -> None:
 
 
 def test_sigkilled_workers_run_is_rescued_by_another_worker(start_worker: StartWorker) -> None:
-    run = start("tests.sleep", {"seconds": 1.5})
+    run = start("tests.sleep", {"seconds": 30})
     victim = start_worker("--pool", "default")
     wait_until(lambda: Execution.objects.filter(run_id=run.pk).exists())
     victim.signal(signal.SIGKILL)
     victim.wait(timeout=10)
+    JobRun.objects.filter(pk=run.pk).update(input={"seconds": 1.5})  # short the next time
     rescuer = start_worker("--pool", "default")
     # Stale threshold is 3 s in the test settings; then the rescued run re-runs.
     wait_until(lambda: status_of(run) == Status.COMPLETED, timeout=30)
