@@ -83,7 +83,7 @@ def test_a_waiting_parent_frees_the_only_async_slot_for_its_children(
 
 
 def test_a_durable_sleep_frees_the_slot(start_worker: StartWorker) -> None:
-    sleeper = start("tests.async_sleeper", {"seconds": 2})
+    sleeper = start("tests.async_sleeper", {"seconds": 6})
     start_worker("--pool", "default", "--async-concurrency", "1")
     wait_until(lambda: status_of(sleeper) == Status.WAITING)
     # While it sleeps, the one async slot runs another run.

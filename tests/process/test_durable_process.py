@@ -95,7 +95,7 @@ def test_a_run_past_its_timeout_ends_timed_out_and_its_late_result_is_dropped(
 
 
 def test_a_durable_sleep_resumes_on_the_worker(start_worker: StartWorker) -> None:
-    run = start("tests.sleeper", {"seconds": 1})
+    run = start("tests.sleeper", {"seconds": 3})
     start_worker("--pool", "default")
     wait_until(lambda: status_of(run) == Status.WAITING)
     wait_until(lambda: status_of(run) == Status.COMPLETED, timeout=20)

@@ -90,10 +90,14 @@ def test_two_workers_start_one_run_per_missed_tick(start_worker: StartWorker) ->
     assert all(run.input == {"scheduled": True} for run in scheduled_runs())
     keys = set(scheduled_runs().values_list("idempotency_key", flat=True))
     assert len(keys) == len(expected)
-    # And each ran once.
+    # And none ran more than once, each completed one once (a tick started just
+    # before the workers were stopped may not have run).
     ids = list(scheduled_runs().values_list("id", flat=True))
     counts = Execution.objects.filter(run_id__in=ids).values("run_id").annotate(n=Count("id"))
-    assert sorted(row["n"] for row in counts) == [1] * len(expected)
+    assert {row["n"] for row in counts} <= {1}
+    completed = set(scheduled_runs().filter(status=Status.COMPLETED).values_list("id", flat=True))
+    assert completed <= {row["run_id"] for row in counts}
+    assert len(completed) >= len(expected) - 1
 
 
 def test_no_scheduler_flag_starts_no_scheduled_runs(start_worker: StartWorker) -> None:
@@ -214,15 +218,16 @@ def test_workers_follow_schedules_changed_under_them(start_worker: StartWorker) 
     add_schedule("rt.paused", "tests.record", "* * * * *", timezone="UTC", missed="catch_up")
     add_schedule("rt.deleted", "tests.record", "* * * * *", timezone="UTC")
     seen_by_all(workers, "schedule=rt.deleted revision=1 active")
-    paused = datetime.now(UTC)
     pause_schedule("rt.paused")
+    paused = datetime.now(UTC)  # after the pause committed: a tick before it may fire
     delete_schedule("rt.deleted")
+    deleted = datetime.now(UTC)
     seen_by_all(workers, "schedule=rt.paused revision=2 paused")
     seen_by_all(workers, "schedule=rt.deleted deleted")
     changed = datetime.now(UTC)
     wait_until(lambda: runs_of("rt.every").filter(run_at__gt=changed).exists(), timeout=120)
     assert not runs_of("rt.paused").filter(run_at__gt=paused).exists()
-    assert not runs_of("rt.deleted").filter(run_at__gt=paused).exists()
+    assert not runs_of("rt.deleted").filter(run_at__gt=deleted).exists()
     assert_one_run_per_tick("rt.every")
 
     # Resumed under catch_up: every minute since it was added runs, once.
