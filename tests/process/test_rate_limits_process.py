@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 
 from django_jobs import start_many
-from django_jobs.models import JobRun, Status
+from django_jobs.models import UNFINISHED_STATUSES, JobRun, Status
 from tests.helpers import WorkerProcess, all_running, stop_all, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.process]
@@ -40,7 +40,7 @@ def test_three_workers_start_no_more_than_the_limit_in_any_second(
     plain = start_many("tests.noop", [{}] * 100, pool="ratelimited")
     began = time.monotonic()
     wait_until(
-        lambda: JobRun.objects.exclude(status=Status.COMPLETED).count() == 0,
+        lambda: not JobRun.objects.filter(status__in=UNFINISHED_STATUSES).exists(),
         timeout=180,
         interval=0.5,
     )
