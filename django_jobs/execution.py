@@ -45,7 +45,11 @@ from .registry import JobHandler, get_handler
 from .results import current_run
 from .storage import control
 from .storage.claiming import Claim
-from .storage.connections import discard_broken_connections, jobs_connection
+from .storage.connections import (
+    discard_broken_connections,
+    end_leaked_transaction,
+    jobs_connection,
+)
 
 if TYPE_CHECKING:
     from .completer import Completer
@@ -116,7 +120,14 @@ def execute(
     decision: Decision | None = None
     try:
         attempt = attempt or Attempt.of(claim)
+        connection = jobs_connection()
+        outside = not connection.in_atomic_block
         decision = decide(attempt)
+        if outside and connection.in_atomic_block:
+            # The handler entered a block it never left: its writes were never
+            # committed, and the outcome's (and every later run's on this thread)
+            # would wait inside it. Undo it, with a WARNING, and write on a fresh one.
+            end_leaked_transaction(connection)
         outcome = record(claim, decision, stop, completer, attempt=attempt)
     except Exception as exc:
         # A bug of ours, not the handler's: still finish the run, never leave it running.

@@ -57,26 +57,29 @@ def end_leaked_transactions() -> None:
     event loop's database thread between two calls. A connection that says
     otherwise was left so by a failure half-way (seen once with connections
     killed under async runs on MariaDB), and every later query on the thread
-    would fail with "Cannot open a new connection in an atomic block". Its
-    transaction state is cleared and it is closed (the server rolls back what
-    it held); the next query connects afresh.
+    would fail with "Cannot open a new connection in an atomic block".
     """
     for connection in connections.all(initialized_only=True):
-        if not connection.in_atomic_block:
-            continue
-        logger.warning(
-            "a connection to %r was left inside a transaction; closed (%d blocks open)",
-            connection.alias,
-            len(connection.atomic_blocks),
-        )
-        connection.in_atomic_block = False
-        connection.savepoint_ids = []
-        connection.atomic_blocks = []
-        connection.needs_rollback = False
-        connection.closed_in_transaction = False
-        try:
-            connection.close()
-        except Exception:
-            logger.debug("closing a connection left in a transaction failed", exc_info=True)
-            connection.connection = None
-        connection.errors_occurred = False
+        if connection.in_atomic_block:
+            end_leaked_transaction(connection)
+
+
+def end_leaked_transaction(connection: BaseDatabaseWrapper) -> None:
+    """Clear the transaction state of ``connection``, left inside an atomic block, and
+    close it (the server rolls back what it held); the next query connects afresh."""
+    logger.warning(
+        "a connection to %r was left inside a transaction; closed (%d blocks open)",
+        connection.alias,
+        len(connection.atomic_blocks),
+    )
+    connection.in_atomic_block = False
+    connection.savepoint_ids = []
+    connection.atomic_blocks = []
+    connection.needs_rollback = False
+    connection.closed_in_transaction = False
+    try:
+        connection.close()
+    except Exception:
+        logger.debug("closing a connection left in a transaction failed", exc_info=True)
+        connection.connection = None
+    connection.errors_occurred = False
